@@ -1,0 +1,59 @@
+"""CBO: compress LLMs by removing blocks chosen with constrained binary optimization.
+
+The public API is re-exported here; nothing is defined in this module. Model-side functions
+(torch/transformers) are imported lazily so that the QUBO core and solvers import without torch.
+"""
+
+from cbo.errors import (
+    CBOError,
+    CorruptFileError,
+    DataError,
+    InfeasibleError,
+    InvalidQUBOError,
+    MissingExtraError,
+    ModelError,
+    SolverError,
+    SolverUnavailableError,
+    UnknownSolverError,
+)
+from cbo.qubo import BlockQUBO, Constraints
+from cbo.solvers.base import solve
+from cbo.states import RankedStates, State
+
+__version__ = "0.1.0"
+
+# Model-side API, imported on first use so that `import cbo` does not import torch.
+_LAZY = {
+    "estimate_hessian": "cbo.hessian",
+    "prune_depth": "cbo.pipeline",
+    "compress": "cbo.pipeline",
+    "load_model": "cbo.models",
+    "remove_blocks": "cbo.surgery.depth",
+    "load_pruned": "cbo.surgery.io",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'cbo' has no attribute {name!r}")
+
+__all__ = [
+    "BlockQUBO",
+    "CBOError",
+    "Constraints",
+    "CorruptFileError",
+    "DataError",
+    "InfeasibleError",
+    "InvalidQUBOError",
+    "MissingExtraError",
+    "ModelError",
+    "RankedStates",
+    "SolverError",
+    "SolverUnavailableError",
+    "State",
+    "UnknownSolverError",
+    "solve",
+]

@@ -1,0 +1,46 @@
+"""Exception types raised by CBO. Every message names the bad value and what would be valid."""
+
+from __future__ import annotations
+
+
+class CBOError(Exception):
+    """Base class of every error CBO raises on purpose."""
+
+
+class InvalidQUBOError(CBOError, ValueError):
+    """A QUBO's matrices, names, sizes or constraints are malformed."""
+
+
+class InfeasibleError(CBOError, ValueError):
+    """The constraints (M, keep, force, caps, budget) admit no state."""
+
+
+class CorruptFileError(CBOError, IOError):
+    """A saved file is truncated, edited or not a CBO file."""
+
+
+class SolverError(CBOError, RuntimeError):
+    """A solver was asked for something it cannot do, or failed."""
+
+
+class UnknownSolverError(SolverError, KeyError):
+    """No solver is registered under that name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class SolverUnavailableError(SolverError):
+    """The solver exists but cannot run here (missing extra, no GPU, too large)."""
+
+
+class MissingExtraError(CBOError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+class ModelError(CBOError, ValueError):
+    """A model cannot be handled (unknown architecture, bad block list, ...)."""
+
+
+class DataError(CBOError, ValueError):
+    """Text or token data is unusable (too short, wrong tokenizer, ...)."""

@@ -1,0 +1,1 @@
+"""Exact top-K enumeration on the CPU (placeholder replaced by the numba enumerator)."""
