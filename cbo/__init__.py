@@ -40,6 +40,7 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'cbo' has no attribute {name!r}")
 
+
 __all__ = [
     "BlockQUBO",
     "CBOError",

@@ -15,8 +15,7 @@ def require(module: str, extra: str, purpose: str = "") -> ModuleType:
     except ImportError as exc:
         why = f" for {purpose}" if purpose else ""
         raise MissingExtraError(
-            f"'{module}' is needed{why} but is not installed ({exc}). "
-            f"Install it with: pip install 'cbo[{extra}]'"
+            f"'{module}' is needed{why} but is not installed ({exc}). Install it with: pip install 'cbo[{extra}]'"
         ) from exc
 
 

@@ -482,7 +482,11 @@ class BlockQUBO:
         for label, v in (("max_removed_params", max_removed_params), ("min_removed_params", min_removed_params)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
                 raise InvalidQUBOError(f"{label} must be an integer >= 0 or None, got {v!r}.")
-        if max_removed_params is not None and min_removed_params is not None and min_removed_params > max_removed_params:
+        if (
+            max_removed_params is not None
+            and min_removed_params is not None
+            and min_removed_params > max_removed_params
+        ):
             raise InfeasibleError(
                 f"min_removed_params={min_removed_params} exceeds max_removed_params={max_removed_params}."
             )

@@ -95,7 +95,7 @@ class RankedStates:
             X = np.unique(X, axis=0)
             E = qubo.energy(X)
             # lexsort: last key is primary; tie-break by the state read as a bit string (block 0 first)
-            order = np.lexsort(tuple(-X[:, j] for j in range(qubo.n - 1, -1, -1)) + (E,))
+            order = np.lexsort(tuple(-X[:, j].astype(np.int16) for j in range(qubo.n - 1, -1, -1)) + (E,))
             X, E = X[order][:k], E[order][:k]
         else:
             E = np.zeros(0)

@@ -1,1 +1,183 @@
-"""`cbo solve`, `cbo qubo info|random`, `cbo solvers`, `cbo demo`: commands on QUBO files."""
+"""`cbo solve`, `cbo qubo info|random` and `cbo solvers`: commands on QUBO files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cbo.cli import app
+from cbo.errors import CBOError
+from cbo.qubo import BlockQUBO
+from cbo.states import RankedStates
+
+console = Console()
+err_console = Console(stderr=True)
+qubo_app = typer.Typer(help="Inspect and create QUBO files.", no_args_is_help=True)
+app.add_typer(qubo_app, name="qubo")
+
+
+def parse_blocks(spec: Optional[str]) -> list[int | str]:
+    """'0,29' or 'layers.0,layers.29' -> [0, 29] / names; empty -> []."""
+    if not spec:
+        return []
+    out: list[int | str] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if part:
+            out.append(int(part) if part.lstrip("-").isdigit() else part)
+    return out
+
+
+def fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def states_table(states: RankedStates, extra: Optional[dict[str, list]] = None, title: str = "") -> Table:
+    """A rich table of ranked states; ``extra`` adds columns (one value per state)."""
+    table = Table(title=title or None)
+    for col in ("rank", "removed", "energy", "gap", "Hamming"):
+        table.add_column(col, justify="right" if col != "removed" else "left")
+    for name in extra or {}:
+        table.add_column(name, justify="right")
+    for s in states:
+        row = [str(s.rank), ",".join(map(str, s.removed)), f"{s.energy:.6g}", f"{s.gap:.4g}", str(s.hamming)]
+        for values in (extra or {}).values():
+            v = values[s.rank] if s.rank < len(values) else None
+            row.append("" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)))
+        table.add_row(*row)
+    return table
+
+
+def print_states(states: RankedStates, title: str = "") -> None:
+    console.print(states_table(states, title=title))
+    flag = "[green]exact (proven top-K)[/]" if states.exact else "[yellow]heuristic (not proven)[/]"
+    console.print(f"solver {states.solver}, {flag}, {states.wall_time:.3f} s")
+    if states.info.get("interrupted"):
+        console.print("[yellow]interrupted: these are the best states found so far.[/]")
+    if states.info.get("timed_out"):
+        console.print("[yellow]time limit reached: these are the best states found so far.[/]")
+
+
+@app.command()
+def solve(
+    file: Path = typer.Argument(..., help="QUBO file written by BlockQUBO.save or `cbo hessian`."),
+    remove: int = typer.Option(..., "--remove", "-m", help="M, the number of blocks to remove."),
+    top: int = typer.Option(10, "--top", "-k", help="How many ranked states to return."),
+    solver: str = typer.Option("auto", "--solver", "-s", help="Solver name; see `cbo solvers`."),
+    keep: Optional[str] = typer.Option(None, help="Blocks never removed, e.g. '0,29' or names."),
+    force: Optional[str] = typer.Option(None, help="Blocks always removed."),
+    seed: Optional[int] = typer.Option(None, help="Seed for randomized solvers."),
+    time_limit: Optional[float] = typer.Option(None, help="Seconds; best-so-far is returned, marked inexact."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Solver option KEY=VALUE (JSON value)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ranked states as JSON."),
+    out: Optional[Path] = typer.Option(None, help="Write the ranked states to this JSON file."),
+    plot: Optional[Path] = typer.Option(None, help="Write the energy spectrum plot to this PNG."),
+) -> None:
+    """Find the lowest-energy ways to remove M blocks."""
+    from cbo.solvers import solve as run_solve
+
+    try:
+        qubo = BlockQUBO.load(file)
+        opts = {}
+        for item in option:
+            if "=" not in item:
+                raise CBOError(f"--option takes KEY=VALUE, got {item!r}.")
+            k, v = item.split("=", 1)
+            try:
+                opts[k] = json.loads(v)
+            except json.JSONDecodeError:
+                opts[k] = v
+        states = run_solve(
+            qubo,
+            remove,
+            solver,
+            top,
+            seed=seed,
+            time_limit=time_limit,
+            keep=parse_blocks(keep) if keep else None,
+            force=parse_blocks(force) if force else None,
+            progress=not as_json,
+            **opts,
+        )
+    except CBOError as exc:
+        fail(exc)
+    if out:
+        states.save(out)
+    if plot:
+        from cbo.plot import plot_spectrum
+
+        plot_spectrum(states, path=plot)
+    if as_json:
+        typer.echo(json.dumps(states.to_json(), indent=1))
+    else:
+        print_states(states, title=f"{file.name}: remove {remove} of {qubo.n}")
+
+
+@app.command()
+def solvers() -> None:
+    """List the solvers, whether each can run here, and why not."""
+    from cbo.solvers import available
+
+    table = Table(title="CBO solvers")
+    for col in ("name", "usable", "exact", "description / reason"):
+        table.add_column(col)
+    for name, a in available().items():
+        table.add_row(
+            name,
+            "[green]yes[/]" if a.ok else "[red]no[/]",
+            "yes" if a.exact else "no",
+            a.description if a.ok else a.reason,
+        )
+    console.print(table)
+
+
+@qubo_app.command("info")
+def qubo_info(file: Path = typer.Argument(..., help="QUBO file.")) -> None:
+    """Show a QUBO file's blocks, constraints and matrix statistics."""
+    try:
+        q = BlockQUBO.load(file)
+    except CBOError as exc:
+        fail(exc)
+    console.print(repr(q))
+    off = q.H[~np.eye(q.n, dtype=bool)]
+    lin = q.linear
+    console.print(
+        f"linear (single-removal energy) min {lin.min():.4g}  median {np.median(lin):.4g}  max {lin.max():.4g}"
+    )
+    if off.size:
+        console.print(f"couplings: min {off.min():.4g}  max {off.max():.4g}  negative {100 * (off < 0).mean():.1f}%")
+    console.print(f"eigenvalues of H: min {np.linalg.eigvalsh(q.H).min():.4g}")
+    if q.metadata:
+        console.print("metadata: " + json.dumps(q.metadata, sort_keys=True)[:2000])
+    table = Table(title="blocks")
+    for col in ("i", "name", "kind", "params", "linear"):
+        table.add_column(col)
+    for i in range(q.n):
+        table.add_row(str(i), q.names[i], q.kinds[i], str(int(q.sizes[i])), f"{lin[i]:.4g}")
+    console.print(table)
+
+
+@qubo_app.command("random")
+def qubo_random(
+    n: int = typer.Option(..., "--n", help="Number of blocks."),
+    seed: int = typer.Option(0, help="Seed; the instance is a pure function of (n, seed)."),
+    output: Path = typer.Option(..., "-o", "--output", help="File to write."),
+    heavy_ends: bool = typer.Option(False, help="Make the first and last block expensive to remove."),
+    rank: Optional[int] = typer.Option(None, help="Rank of the coupling (default n//8)."),
+) -> None:
+    """Write a synthetic instance shaped like a block Hessian."""
+    from cbo.instances import random_block_qubo
+
+    try:
+        q = random_block_qubo(n, seed, rank=rank, heavy_ends=heavy_ends)
+        q.save(output)
+    except CBOError as exc:
+        fail(exc)
+    console.print(f"wrote {output} ({q!r})")
