@@ -144,7 +144,14 @@ def plot_couplings(qubo: BlockQUBO, *, ax: Any = None, path: str | Path | None =
     for i, k in enumerate(qubo.kinds):
         ax.add_patch(_rect(i, n, colors[k]))
     handles = [_patch(colors[k], k) for k in kinds]
-    ax.legend(handles=handles, loc="upper right", fontsize=8, title="kind")
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(0.0, -0.1),
+        ncol=len(kinds),
+        fontsize=8,
+        title="block kind (bottom strip)",
+    )
     ax.set_xlim(-0.5, n - 0.5)
     ax.set_ylim(n + 0.5, -0.5)
     ax.set_xlabel("block")
