@@ -1,0 +1,292 @@
+"""Where the removable blocks of a Hugging Face causal LM are: decoder layers or their attention/MLP halves.
+
+Every model-touching module asks here. A *block* is a residual branch ``h -> h + f(h)``:
+
+* granularity ``"layer"``: one decoder layer; its branch is ``layer(h) - h``.
+* granularity ``"sublayer"``: the attention half and the MLP half of each layer; ``Block.module`` is the
+  module whose output *is* the branch added to the residual stream (Llama ``self_attn`` / ``mlp``,
+  Gemma 3 ``post_attention_layernorm`` / ``post_feedforward_layernorm``, GPT-2 ``attn`` / ``mlp``). Attention
+  modules return a tuple whose first element is the branch; use :func:`branch_tensor` and
+  :func:`with_branch_tensor` to read and replace it in a forward hook.
+
+Example:
+    >>> blocks = find_blocks(model)                          # doctest: +SKIP
+    >>> [(b.name, b.n_params) for b in blocks][:2]           # doctest: +SKIP
+    [('layers.0', 3540096), ('layers.1', 3540096)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cbo._extras import require
+from cbo.errors import ModelError
+
+torch = require("torch", "torch", "model blocks")
+nn = torch.nn
+
+GRANULARITIES = ("layer", "sublayer")
+PARTS = ("attn", "mlp")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Attribute names of one decoder-layer family (relative to the decoder layer)."""
+
+    layers: str  # dotted path of the ModuleList, relative to the model
+    attn: str  # attention module
+    mlp: str  # MLP module
+    attn_branch: str  # module whose output is the attention branch added to the residual
+    mlp_branch: str
+    attn_norms: tuple[str, ...]  # norms that only feed (or only follow) the attention: dead once it goes
+    mlp_norms: tuple[str, ...]
+
+
+_LLAMA = ArchSpec(
+    "model.layers", "self_attn", "mlp", "self_attn", "mlp", ("input_layernorm",), ("post_attention_layernorm",)
+)
+_GEMMA = ArchSpec(
+    "model.layers",
+    "self_attn",
+    "mlp",
+    "post_attention_layernorm",
+    "post_feedforward_layernorm",
+    ("input_layernorm", "post_attention_layernorm"),
+    ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
+)
+
+# keyed by config.model_type
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+    "gemma": _LLAMA,
+    "phi3": ArchSpec(
+        "model.layers", "self_attn", "mlp", "self_attn", "mlp", ("input_layernorm",), ("post_attention_layernorm",)
+    ),
+    "gemma2": _GEMMA,
+    "gemma3_text": _GEMMA,
+    "gemma3": ArchSpec(
+        "model.language_model.layers",
+        "self_attn",
+        "mlp",
+        "post_attention_layernorm",
+        "post_feedforward_layernorm",
+        _GEMMA.attn_norms,
+        _GEMMA.mlp_norms,
+    ),
+    "gpt2": ArchSpec("transformer.h", "attn", "mlp", "attn", "mlp", ("ln_1",), ("ln_2",)),
+    "gpt_neox": ArchSpec(
+        "gpt_neox.layers", "attention", "mlp", "attention", "mlp", ("input_layernorm",), ("post_attention_layernorm",)
+    ),
+}
+
+SUPPORTED = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Gemma 2", "Gemma 3", "Phi-3", "GPT-2", "GPT-NeoX")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One removable residual branch of a model."""
+
+    index: int  # position in the list returned by find_blocks
+    name: str  # "layers.3" (layer) or "layers.3.attn" / "layers.3.mlp" (sublayer)
+    kind: str  # "layer" | "attention" | "mlp"
+    layer: int  # decoder-layer index
+    module: Any  # layer: the decoder layer; sublayer: the module whose output is the branch
+    n_params: int  # parameters deleted when the block is removed
+    path: str = ""  # dotted path of `module` inside the model
+
+
+def _get(root: Any, dotted: str) -> Any:
+    obj = root
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _n_params(*modules: Any) -> int:
+    seen: set[int] = set()
+    total = 0
+    for m in modules:
+        if m is None:
+            continue
+        for p in m.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total
+
+
+def _model_type(model: Any) -> str:
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", "") or ""
+
+
+def _spec(model: Any) -> ArchSpec | None:
+    spec = ARCHITECTURES.get(_model_type(model))
+    if spec is not None and isinstance(_get(model, spec.layers), nn.ModuleList):
+        return spec
+    return None
+
+
+def _largest_block_list(model: Any) -> tuple[nn.ModuleList, str] | None:
+    """The largest ModuleList of identical-class modules that hold parameters (the generic fallback)."""
+    best: tuple[int, nn.ModuleList, str] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        classes = {type(child) for child in module}
+        if len(classes) != 1 or _n_params(module) == 0:
+            continue
+        # a decoder layer holds submodules; a list of bare Linear layers is not a residual block list
+        if not any(True for _ in module[0].children()):
+            continue
+        score = _n_params(module)
+        if best is None or score > best[0]:
+            best = (score, module, path)
+    return None if best is None else (best[1], best[2])
+
+
+def decoder_layers(model: Any) -> tuple[nn.ModuleList, str]:
+    """The ModuleList of decoder layers and its dotted path (e.g. ``"model.layers"``).
+
+    Raises:
+        ModelError: no list of repeated residual blocks exists in the model.
+    """
+    spec = _spec(model)
+    if spec is not None:
+        return _get(model, spec.layers), spec.layers
+    found = _largest_block_list(model) if isinstance(model, nn.Module) else None
+    if found is None:
+        raise ModelError(
+            f"cannot find the decoder layers of {type(model).__name__} (model_type={_model_type(model)!r}): "
+            f"no nn.ModuleList of repeated blocks. Supported architectures: {', '.join(SUPPORTED)}, "
+            "or any model whose decoder layers are one nn.ModuleList of identical modules."
+        )
+    return found
+
+
+def _first_attr(layer: Any, names: tuple[str, ...]) -> tuple[str, Any] | tuple[None, None]:
+    for n in names:
+        m = getattr(layer, n, None)
+        if isinstance(m, nn.Module):
+            return n, m
+    return None, None
+
+
+def _layer_spec(model: Any, layer: Any) -> ArchSpec:
+    spec = _spec(model)
+    if spec is not None:
+        return spec
+    # generic fallback: guess the halves from common attribute names
+    attn_name, _ = _first_attr(layer, ("self_attn", "attn", "attention", "self_attention", "mixer"))
+    mlp_name, _ = _first_attr(layer, ("mlp", "feed_forward", "ffn", "block_sparse_moe"))
+    if attn_name is None or mlp_name is None:
+        names = [n for n, _ in layer.named_children()]
+        raise ModelError(
+            f"cannot split the layer {type(layer).__name__} of {type(model).__name__} into attention and MLP "
+            f"halves (children: {names}). Use granularity='layer', or one of: {', '.join(SUPPORTED)}."
+        )
+    if isinstance(getattr(layer, "post_feedforward_layernorm", None), nn.Module):
+        return ArchSpec("", attn_name, mlp_name, "post_attention_layernorm", "post_feedforward_layernorm", (), ())
+    return ArchSpec("", attn_name, mlp_name, attn_name, mlp_name, (), ())
+
+
+def layer_parts(layer: Any, model: Any | None = None) -> dict[str, Any]:
+    """The attention and MLP halves of a decoder layer.
+
+    Returns a dict with ``attn``, ``mlp`` (the modules), ``attn_branch``, ``mlp_branch`` (the modules whose
+    outputs are the residual-branch contributions), their attribute names (``attn_name``, ``mlp_name``,
+    ``attn_branch_name``, ``mlp_branch_name``) and ``attn_norms`` / ``mlp_norms`` (attribute names of the
+    norms used only by that half). Pass ``model`` to use its architecture table instead of name guessing.
+    """
+    spec = _layer_spec(model, layer) if model is not None else None
+    if spec is None:
+        for candidate in dict.fromkeys(ARCHITECTURES.values()):
+            if all(isinstance(getattr(layer, n, None), nn.Module) for n in (candidate.attn, candidate.mlp)):
+                gemma_like = isinstance(getattr(layer, "post_feedforward_layernorm", None), nn.Module)
+                if gemma_like == (candidate.mlp_branch == "post_feedforward_layernorm"):
+                    spec = candidate
+                    break
+        if spec is None:
+            spec = _layer_spec(object(), layer)
+    out: dict[str, Any] = {
+        "attn": getattr(layer, spec.attn),
+        "mlp": getattr(layer, spec.mlp),
+        "attn_branch": getattr(layer, spec.attn_branch),
+        "mlp_branch": getattr(layer, spec.mlp_branch),
+        "attn_name": spec.attn,
+        "mlp_name": spec.mlp,
+        "attn_branch_name": spec.attn_branch,
+        "mlp_branch_name": spec.mlp_branch,
+        "attn_norms": tuple(n for n in spec.attn_norms if isinstance(getattr(layer, n, None), nn.Module)),
+        "mlp_norms": tuple(n for n in spec.mlp_norms if isinstance(getattr(layer, n, None), nn.Module)),
+    }
+    return out
+
+
+def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
+    """The removable blocks of ``model`` in forward order.
+
+    Args:
+        model: a Hugging Face causal LM (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-2, GPT-NeoX) or any
+            model whose decoder layers are one ``nn.ModuleList`` of identical residual blocks.
+        granularity: ``"layer"`` (one block per decoder layer) or ``"sublayer"`` (attention and MLP halves,
+            ``2 * n_layers`` blocks ordered ``layers.0.attn, layers.0.mlp, layers.1.attn, ...``).
+
+    Example:
+        >>> names = [b.name for b in find_blocks(model, "sublayer")]   # doctest: +SKIP
+    """
+    if granularity not in GRANULARITIES:
+        raise ModelError(f"unknown granularity {granularity!r}; use one of {GRANULARITIES}")
+    layers, path = decoder_layers(model)
+    blocks: list[Block] = []
+    for i, layer in enumerate(layers):
+        if granularity == "layer":
+            blocks.append(Block(len(blocks), f"layers.{i}", "layer", i, layer, _n_params(layer), f"{path}.{i}"))
+            continue
+        parts = layer_parts(layer, model)
+        for part, kind in (("attn", "attention"), ("mlp", "mlp")):
+            dead = [parts[part]] + [getattr(layer, n) for n in parts[f"{part}_norms"]]
+            branch_name = parts[f"{part}_branch_name"]
+            blocks.append(
+                Block(
+                    len(blocks),
+                    f"layers.{i}.{part}",
+                    kind,
+                    i,
+                    parts[f"{part}_branch"],
+                    _n_params(*dead),
+                    f"{path}.{i}.{branch_name}",
+                )
+            )
+    return blocks
+
+
+def block_names(model: Any, granularity: str = "layer") -> list[str]:
+    """Names of the blocks, as used for QUBO variables."""
+    return [b.name for b in find_blocks(model, granularity)]
+
+
+def branch_tensor(output: Any) -> Any:
+    """The hidden-state tensor inside a module output (a tensor, or a tuple whose first element it is)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise ModelError(f"cannot find the hidden states in a module output of type {type(output).__name__}")
+
+
+def with_branch_tensor(output: Any, tensor: Any) -> Any:
+    """``output`` with its hidden-state tensor replaced by ``tensor`` (same container type)."""
+    if isinstance(output, torch.Tensor):
+        return tensor
+    if isinstance(output, tuple):
+        return (tensor, *output[1:])
+    if isinstance(output, list):
+        return [tensor, *output[1:]]
+    raise ModelError(f"cannot replace the hidden states in a module output of type {type(output).__name__}")

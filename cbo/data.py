@@ -1,0 +1,419 @@
+"""Text sources -> fixed-length token windows, split into calibration / validation / test by document.
+
+Sources: a text file, a folder of text files (``.txt``, ``.md``, ``.jsonl``), a JSONL file (one object with a
+``"text"`` field per line), a list of strings, or a ``datasets.Dataset`` with a ``"text"`` column. ``None``
+means the default text: the six Austen novels installed by ``make setup`` (calibration from *Emma*,
+validation from *Mansfield Park*, test from *Persuasion*).
+
+Example:
+    >>> splits = make_splits(tokenizer, seq_len=128, n_calibration=32)   # doctest: +SKIP
+    >>> splits.calibration.shape                                            # doctest: +SKIP
+    torch.Size([32, 128])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cbo._extras import require
+from cbo.errors import DataError
+
+torch = require("torch", "torch", "token windows")
+
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")
+SPLITS = ("calibration", "validation", "test")
+SPLIT_BY = ("document", "contiguous")
+# preferred novels per split for the default text; a split takes further novels only if it needs more tokens
+AUSTEN_ROLES = {
+    "calibration": ("emma", "pride_and_prejudice", "sense_and_sensibility"),
+    "validation": ("mansfield_park", "northanger_abbey"),
+    "test": ("persuasion",),
+}
+
+
+@dataclass
+class TokenSplits:
+    """Token windows for calibration, validation and test (each ``(B, T)`` int64), never overlapping."""
+
+    calibration: Any
+    validation: Any
+    test: Any
+    info: dict = field(default_factory=dict)  # documents per split, seq_len, data hash, tokenizer name, ...
+
+    def __getitem__(self, split: str) -> Any:
+        if split not in SPLITS:
+            raise KeyError(f"unknown split {split!r}; use one of {SPLITS}")
+        return getattr(self, split)
+
+
+# ------------------------------------------------------------------------------------------- sources
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, str]]:
+    docs = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno} is not valid JSON ({exc.msg})") from exc
+            if isinstance(obj, str):
+                text = obj
+            elif isinstance(obj, dict) and isinstance(obj.get("text"), str):
+                text = obj["text"]
+            else:
+                raise DataError(f"{path}:{lineno} has no string field 'text' (JSONL lines must be {{\"text\": ...}})")
+            docs.append((f"{path.stem}:{lineno}", text))
+    return docs
+
+
+def _read_file(path: Path) -> list[tuple[str, str]]:
+    if path.suffix == ".jsonl":
+        return _read_jsonl(path)
+    try:
+        return [(path.stem, path.read_text(encoding="utf-8"))]
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+
+
+def _is_dataset(obj: Any) -> bool:
+    return hasattr(obj, "column_names") and hasattr(obj, "__getitem__") and not isinstance(obj, (str, bytes))
+
+
+def load_documents(source: Any) -> list[tuple[str, str]]:
+    """Documents ``(name, text)`` of a text source.
+
+    Args:
+        source: a file path (text or ``.jsonl``), a folder (its ``.txt``/``.text``/``.md``/``.jsonl`` files,
+            sorted by path), a list of strings, or a ``datasets.Dataset`` with a ``"text"`` column;
+            ``None`` for the default Austen folder.
+
+    Raises:
+        DataError: the source does not exist, has no text, or is of an unknown type.
+    """
+    if source is None:
+        from cbo.assets import default_text_path
+
+        source = default_text_path()
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source).expanduser()
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+            if not files:
+                raise DataError(f"folder {str(path)!r} has no text files ({', '.join(TEXT_SUFFIXES)})")
+            docs = [d for p in files for d in _read_file(p)]
+            if len({n for n, _ in docs}) < len(docs):  # same stem in two subfolders: use relative paths
+                docs = [
+                    (str(p.relative_to(path).with_suffix("")) + n[len(p.stem) :], t)
+                    for p in files
+                    for n, t in _read_file(p)
+                ]
+        elif path.is_file():
+            docs = _read_file(path)
+        else:
+            hint = " (to use a string as text, pass it in a list: [text])" if isinstance(source, str) else ""
+            raise DataError(f"text source {str(source)[:200]!r} is not an existing file or folder{hint}")
+    elif _is_dataset(source):
+        columns = list(source.column_names) if not isinstance(source.column_names, dict) else []
+        if "text" not in columns:
+            raise DataError(
+                f"the dataset has no 'text' column (columns: {source.column_names}); "
+                "select a split (ds['train']) or rename the column holding the text to 'text'"
+            )
+        docs = [(f"row{i}", str(t)) for i, t in enumerate(source["text"]) if t is not None]
+    elif isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
+        docs = []
+        for i, item in enumerate(source):
+            if isinstance(item, str):
+                docs.append((f"doc{i}", item))
+            elif isinstance(item, dict) and isinstance(item.get("text"), str):
+                docs.append((str(item.get("name", f"doc{i}")), item["text"]))
+            elif isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
+                docs.append(item)
+            else:
+                raise DataError(
+                    f"text item {i} is a {type(item).__name__}; give strings, (name, text) or {{'text': ...}}"
+                )
+    else:
+        raise DataError(
+            f"unknown text source of type {type(source).__name__}; give a file, a folder, a .jsonl file, "
+            "a list of strings or a datasets.Dataset with a 'text' column"
+        )
+    docs = [(n, t) for n, t in docs if t.strip()]
+    if not docs:
+        raise DataError(f"the text source {str(source)[:200]!r} contains no text")
+    return docs
+
+
+# ------------------------------------------------------------------------------------------ tokens
+
+
+def tokenize(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens (Hugging Face tokenizer or any callable/encoder)."""
+    if hasattr(tokenizer, "backend_tokenizer") or hasattr(tokenizer, "model_max_length"):
+        out = tokenizer(text, add_special_tokens=False, return_attention_mask=False, verbose=False)
+        return list(out["input_ids"])
+    if hasattr(tokenizer, "encode"):
+        return list(tokenizer.encode(text))
+    if callable(tokenizer):
+        out = tokenizer(text)
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+    raise DataError(f"{type(tokenizer).__name__} is not a tokenizer (needs __call__ or encode)")
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+
+
+def data_hash(tensor: Any) -> str:
+    """A short, stable hash of a token tensor (shape, dtype and values)."""
+    t = tensor.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{tuple(t.shape)}|{t.dtype}".encode())
+    h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def model_vocab_size(model: Any) -> int:
+    """Rows of the model's input embedding (the largest valid token id + 1)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None and hasattr(emb, "num_embeddings"):
+        return int(emb.num_embeddings)
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if size is None:
+        raise DataError(f"cannot tell the vocabulary size of {type(model).__name__}")
+    return int(size)
+
+
+def check_tokenizer(model: Any, tokenizer: Any) -> None:
+    """Raise DataError when ``tokenizer`` can produce ids the model has no embedding for."""
+    vocab = model_vocab_size(model)
+    n_tok = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+    if n_tok is not None and n_tok > vocab:
+        raise DataError(
+            f"tokenizer {tokenizer_name(tokenizer)!r} has {n_tok} tokens but model "
+            f"{getattr(model, 'name_or_path', type(model).__name__)!r} embeds only {vocab}: they do not match. "
+            "Load the tokenizer saved with the model (load_model returns both)."
+        )
+
+
+def check_windows(windows: Any, model: Any | None = None) -> Any:
+    """Validate token windows: a 2-D integer tensor ``(B, T)``, ids in ``[0, vocab)`` when ``model`` is given.
+
+    Returns the windows as int64. Raises DataError naming the problem.
+    """
+    if not isinstance(windows, torch.Tensor):
+        raise DataError(f"token windows must be a torch.Tensor of shape (B, T), got {type(windows).__name__}")
+    if windows.dtype.is_floating_point or windows.dtype == torch.bool or windows.dtype.is_complex:
+        raise DataError(f"token windows must hold integer ids (int64), got dtype {windows.dtype}")
+    if windows.dim() != 2 or windows.shape[0] == 0 or windows.shape[1] < 2:
+        raise DataError(f"token windows must have shape (B, T) with B >= 1 and T >= 2, got {tuple(windows.shape)}")
+    windows = windows.long()
+    lo, hi = int(windows.min()), int(windows.max())
+    if lo < 0:
+        raise DataError(f"token windows contain a negative id ({lo})")
+    if model is not None:
+        vocab = model_vocab_size(model)
+        if hi >= vocab:
+            raise DataError(
+                f"token id {hi} is out of range for a model with {vocab} embeddings: the windows were made "
+                "with a different tokenizer than the model's"
+            )
+    return windows
+
+
+# ------------------------------------------------------------------------------------------- splits
+
+
+class _Doc:
+    """A document whose tokens are computed on first use."""
+
+    def __init__(self, name: str, text: str, tokenizer: Any):
+        self.name, self.text, self._tok, self._ids = name, text, tokenizer, None
+
+    @property
+    def ids(self) -> list[int]:
+        if self._ids is None:
+            self._ids = tokenize(self._tok, self.text)
+        return self._ids
+
+
+def _join(docs: list[_Doc], sep: list[int]) -> list[int]:
+    """The token streams of ``docs`` concatenated, separated by ``sep`` (the end-of-text token, if any)."""
+    stream: list[int] = []
+    for i, d in enumerate(docs):
+        if i:
+            stream += sep
+        stream += d.ids
+    return stream
+
+
+def _sample_windows(stream: list[int], seq_len: int, n: int, rng: random.Random) -> Any:
+    """``n`` distinct non-overlapping windows of a token stream, chosen at random, kept in text order."""
+    slots = len(stream) // seq_len
+    chosen = sorted(rng.sample(range(slots), n)) if n < slots else list(range(slots))
+    if not chosen:
+        return torch.empty((0, seq_len), dtype=torch.long)
+    return torch.tensor([stream[k * seq_len : (k + 1) * seq_len] for k in chosen], dtype=torch.long)
+
+
+def _assign_documents(
+    docs: list[_Doc], wanted: dict[str, int], seq_len: int, roles: dict | None, seed: int
+) -> dict[str, list[_Doc]] | None:
+    """Whole documents per split; None when there are too few documents to give every split its own."""
+    assigned: dict[str, list[_Doc]] = {s: [] for s in SPLITS}
+    pool = list(docs)
+    if roles is None:
+        random.Random(seed).shuffle(pool)
+    order = [s for s in ("test", "validation", "calibration") if wanted[s] > 0]
+    for k, split in enumerate(order):
+        preferred_names = (roles or {}).get(split, ())
+        preferred = sorted((d for d in pool if d.name in preferred_names), key=lambda d: preferred_names.index(d.name))
+        candidates = preferred + [d for d in pool if d not in preferred]
+        have, n_later = 0, len(order) - k - 1
+        for d in candidates:
+            if have >= wanted[split] * seq_len:
+                break
+            if assigned[split] and len(pool) <= n_later:
+                break  # leave one document for each later split
+            assigned[split].append(d)
+            pool.remove(d)
+            have += len(d.ids)
+        if have < seq_len:
+            return None
+    return assigned
+
+
+def make_splits(
+    tokenizer: Any,
+    source: Any = None,
+    *,
+    seq_len: int = 128,
+    n_calibration: int = 32,
+    n_validation: int = 32,
+    n_test: int = 64,
+    split_by: str = "document",
+    seed: int = 0,
+    model: Any | None = None,
+) -> TokenSplits:
+    """Tokenize a text source and cut it into calibration / validation / test windows of ``seq_len`` tokens.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        source: see :func:`load_documents`; ``None`` is the default Austen text.
+        seq_len: tokens per window.
+        n_calibration, n_validation, n_test: windows per split (0 leaves a split empty).
+        split_by: ``"document"`` (each document goes wholly to one split; falls back to ``"contiguous"`` with a
+            warning when there are too few documents) or ``"contiguous"`` (the concatenated token stream is
+            cut into consecutive regions: calibration first, then validation, then test).
+        seed: chooses which windows (and, for non-default sources, which documents) each split gets.
+        model: if given, the tokenizer is checked against it.
+
+    Raises:
+        DataError: the text is shorter than the windows needed (says how many tokens were found and needed),
+            or the tokenizer does not match ``model``.
+    """
+    if split_by not in SPLIT_BY:
+        raise DataError(f"unknown split_by {split_by!r}; use one of {SPLIT_BY}")
+    if seq_len < 2:
+        raise DataError(f"seq_len must be at least 2, got {seq_len}")
+    wanted = {"calibration": n_calibration, "validation": n_validation, "test": n_test}
+    if any(n < 0 for n in wanted.values()) or sum(wanted.values()) == 0:
+        raise DataError(f"window counts must be >= 0 and not all 0, got {wanted}")
+    if model is not None:
+        check_tokenizer(model, tokenizer)
+    is_default = source is None
+    raw = load_documents(source)
+    docs = [_Doc(n, t, tokenizer) for n, t in raw]
+    roles = AUSTEN_ROLES if is_default else None
+
+    assigned = _assign_documents(docs, wanted, seq_len, roles, seed) if split_by == "document" else None
+    if split_by == "document" and assigned is None:
+        n_docs = len(docs)
+        warnings.warn(
+            f"{n_docs} document(s) cannot give every split whole documents; splitting the token stream "
+            "into contiguous regions instead (split_by='contiguous')",
+            stacklevel=2,
+        )
+    sep = _separator(tokenizer)
+    if assigned is None:
+        split_by_used = "contiguous"
+        stream = _join(docs, sep)
+        active = [s for s in SPLITS if wanted[s] > 0]
+        if len(stream) < len(active) * seq_len:
+            raise DataError(
+                f"the text has {len(stream)} tokens but needs at least {len(active) * seq_len} "
+                f"(one window of seq_len={seq_len} for each of {len(active)} split(s); "
+                f"{sum(wanted.values()) * seq_len} for all requested windows). Give more text or a smaller seq_len."
+            )
+        total = len(stream) // seq_len
+        n_wanted = sum(wanted.values())
+        # each split gets a region proportional to its request (at least one window), windows sampled inside
+        shares = {s: max(1, wanted[s] * total // n_wanted) if wanted[s] else 0 for s in SPLITS}
+        streams, names, start = {}, {}, 0
+        for s in SPLITS:
+            streams[s] = stream[start * seq_len : (start + shares[s]) * seq_len]
+            names[s] = [f"tokens[{start * seq_len}:{(start + shares[s]) * seq_len}]"]
+            start += shares[s]
+    else:
+        split_by_used = "document"
+        streams = {s: _join(assigned[s], sep) for s in SPLITS}
+        names = {s: [d.name for d in assigned[s]] for s in SPLITS}
+
+    out, shortfall = {}, {}
+    for i, s in enumerate(SPLITS):
+        available = len(streams[s]) // seq_len
+        n = min(wanted[s], available)
+        if n < wanted[s]:
+            shortfall[s] = {"wanted": wanted[s], "got": n}
+        out[s] = _sample_windows(streams[s], seq_len, n, random.Random(seed * 1000003 + i))
+        if wanted[s] > 0 and n == 0:
+            raise DataError(
+                f"the {s} split has {len(streams[s])} tokens but needs at least {seq_len} "
+                f"for one window; give more text or a smaller seq_len"
+            )
+    if shortfall:
+        warnings.warn(f"not enough text for all requested windows: {shortfall}", stacklevel=2)
+    info = {
+        "source": "austen (default)" if is_default else _describe(source),
+        "seq_len": seq_len,
+        "split_by": split_by_used,
+        "seed": seed,
+        "tokenizer": tokenizer_name(tokenizer),
+        "documents": {s: names[s] if wanted[s] > 0 else [] for s in SPLITS},
+        "windows": {s: int(out[s].shape[0]) for s in SPLITS},
+        "tokens_available": {s: len(streams[s]) for s in SPLITS},
+        "hash": {s: data_hash(out[s]) for s in SPLITS},
+        "shortfall": shortfall,
+    }
+    return TokenSplits(out["calibration"], out["validation"], out["test"], info)
+
+
+def _separator(tokenizer: Any) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [int(eos)] if isinstance(eos, int) else []
+
+
+def _describe(source: Any) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    if _is_dataset(source):
+        return f"dataset ({len(source)} rows)"
+    if isinstance(source, Iterable):
+        return f"{type(source).__name__} of {len(source) if hasattr(source, '__len__') else '?'} texts"
+    return type(source).__name__
+
+
+def random_windows(n: int, seq_len: int, vocab_size: int, *, seed: int = 0) -> Any:
+    """Random token windows ``(n, seq_len)`` (a tokenizer-free source for tests and timing)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (n, seq_len), generator=g, dtype=torch.long)

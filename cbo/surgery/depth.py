@@ -1,0 +1,292 @@
+"""Depth surgery: delete decoder layers, or replace the attention / MLP half of a layer by zeros.
+
+The result is an ordinary Hugging Face model: ``save_pretrained`` writes a config that says what it is (the
+layer count, the per-layer lists such as ``layer_types``, and which original layers were removed), plain
+``AutoModelForCausalLM.from_pretrained`` rebuilds it with identical outputs, and generation with the KV cache
+works because the remaining attention modules are renumbered.
+
+Example:
+    >>> pruned = remove_blocks(model, [3, 7, 12])          # doctest: +SKIP
+    >>> pruned.save_pretrained("pruned/")                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from cbo._extras import require
+from cbo.blocks import Block, decoder_layers, layer_parts
+from cbo.errors import ModelError
+
+torch = require("torch", "torch", "model surgery")
+nn = torch.nn
+
+# config lists that hold layer *indices* (remapped) rather than one entry per layer (sliced)
+INDEX_LISTS = ("mlp_only_layers", "full_attention_layers", "sliding_window_layers")
+ZEROED_KEY = "cbo_zeroed_sublayers"  # [[layer, "attn" | "mlp"], ...] in current layer numbering
+ORIGINAL_KEY = "cbo_original_layers"  # original index of each current layer
+REMOVED_KEY = "cbo_removed_layers"  # original indices of the removed layers
+PART_ALIASES = {"attn": "attn", "attention": "attn", "self_attn": "attn", "mlp": "mlp", "ffn": "mlp"}
+
+
+def text_config(model: Any) -> Any:
+    """The config that holds the decoder's layer count (the text config of multimodal models)."""
+    config = model.config
+    if hasattr(config, "get_text_config"):
+        try:
+            return config.get_text_config(decoder=True)
+        except TypeError:
+            return config.get_text_config()
+    return config
+
+
+def _layer_indices(blocks: Iterable[Any], n_layers: int) -> list[int]:
+    out = []
+    for b in blocks:
+        if isinstance(b, Block):
+            if b.kind != "layer":
+                raise ModelError(f"block {b.name!r} is a {b.kind} half; use remove_sublayers for sublayer blocks")
+            b = b.layer
+        if isinstance(b, bool) or not isinstance(b, (int,)) and not hasattr(b, "__index__"):
+            raise ModelError(f"layer index {b!r} is not an integer")
+        i = int(b)
+        if not 0 <= i < n_layers:
+            raise ModelError(f"layer index {i} is out of range; the model has layers 0..{n_layers - 1}")
+        out.append(i)
+    return sorted(set(out))
+
+
+def _renumber(layers: Any) -> None:
+    """Set every ``layer_idx`` inside layer k to k (the KV cache is indexed by it)."""
+    for k, layer in enumerate(layers):
+        for module in layer.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = k
+
+
+def _update_config(config: Any, n_old: int, keep: list[int], removed: list[int]) -> None:
+    new_index = {old: new for new, old in enumerate(keep)}
+    original = list(getattr(config, ORIGINAL_KEY, None) or range(n_old))
+    if len(original) != n_old:
+        original = list(range(n_old))
+    setattr(
+        config, REMOVED_KEY, sorted(list(getattr(config, REMOVED_KEY, None) or []) + [original[i] for i in removed])
+    )
+    setattr(config, ORIGINAL_KEY, [original[i] for i in keep])
+    zeroed = getattr(config, ZEROED_KEY, None)
+    if zeroed:
+        setattr(config, ZEROED_KEY, [[new_index[int(l)], p] for l, p in zeroed if int(l) in new_index])
+    for name, value in list(vars(config).items()):
+        if name in (ORIGINAL_KEY, REMOVED_KEY, ZEROED_KEY) or not isinstance(value, (list, tuple)):
+            continue
+        if name in INDEX_LISTS:
+            setattr(config, name, type(value)(new_index[int(i)] for i in value if int(i) in new_index))
+        elif "layer" in name and len(value) == n_old:
+            setattr(config, name, type(value)(value[i] for i in keep))
+    config.num_hidden_layers = len(keep)
+
+
+def remove_blocks(model: Any, blocks: Iterable[Any], *, inplace: bool = False) -> Any:
+    """Delete decoder layers.
+
+    Deletes from the end first, renumbers ``layer_idx`` of the remaining attention modules, updates
+    ``num_hidden_layers`` and per-layer config lists (``layer_types`` and the like), and records the original
+    indices of the removed layers in ``config.cbo_removed_layers``.
+
+    Args:
+        model: a Hugging Face causal LM (see :func:`cbo.blocks.find_blocks`).
+        blocks: layer indices (or layer :class:`~cbo.blocks.Block` objects) to delete.
+        inplace: modify ``model`` itself instead of a deep copy.
+
+    Returns:
+        The pruned model (``model`` itself when ``inplace``).
+
+    Example:
+        >>> pruned = remove_blocks(model, [28, 29])      # doctest: +SKIP
+    """
+    layers, path = decoder_layers(model)
+    n_old = len(layers)
+    removed = _layer_indices(blocks, n_old)
+    if len(removed) >= n_old:
+        raise ModelError(f"cannot remove all {n_old} layers; at least one must remain")
+    config = text_config(model)
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        raise ModelError(
+            "this GPT-2 model scales attention by 1/(layer_idx+1); renumbered layers would change their scaling"
+        )
+    if not removed:
+        return model if inplace else copy.deepcopy(model)
+    if not inplace:
+        model = copy.deepcopy(model)
+        layers, _ = decoder_layers(model)
+        config = text_config(model)
+    for i in sorted(removed, reverse=True):
+        del layers[i]
+    _renumber(layers)
+    keep = [i for i in range(n_old) if i not in set(removed)]
+    _update_config(config, n_old, keep, removed)
+    if config is not model.config and hasattr(model.config, "num_hidden_layers"):
+        if getattr(model.config, "num_hidden_layers", None) == n_old:
+            model.config.num_hidden_layers = len(keep)
+    return model
+
+
+# ---------------------------------------------------------------------------------------- sublayers
+
+
+def _find_cache(kwargs: dict) -> Any:
+    for key in ("cache", "past_key_values", "past_key_value", "layer_past"):
+        cache = kwargs.get(key)
+        if cache is not None:
+            return getattr(cache, "self_attention_cache", cache)
+    return None
+
+
+class ZeroAttention(nn.Module):
+    """Stands in for a removed attention module: returns zeros and keeps the KV cache's length in step.
+
+    The cache still receives one tiny entry per token so that the sequence length the model reads from the
+    cache (``get_seq_length``, position ids, masks) stays right even when layer 0's attention is removed.
+    """
+
+    def __init__(self, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+
+    def forward(self, hidden_states: Any = None, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+        if hidden_states is None:
+            hidden_states = args[0]
+        cache = _find_cache(kwargs)
+        if cache is not None and hasattr(cache, "update"):
+            b, t = hidden_states.shape[0], hidden_states.shape[1]
+            stub = hidden_states.new_zeros((b, 1, t, 1))
+            cache.update(stub, stub, self.layer_idx)
+        return torch.zeros_like(hidden_states), None
+
+    def extra_repr(self) -> str:
+        return f"layer_idx={self.layer_idx}"
+
+
+class ZeroMLP(nn.Module):
+    """Stands in for a removed MLP: returns zeros of the input's shape."""
+
+    def forward(self, hidden_states: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if hidden_states is None:
+            hidden_states = args[0]
+        return torch.zeros_like(hidden_states)
+
+
+def _zero_half(model: Any, layer: Any, index: int, part: str) -> None:
+    parts = layer_parts(layer, model)
+    if part == "attn":
+        if isinstance(parts["attn"], ZeroAttention):
+            return
+        setattr(layer, parts["attn_name"], ZeroAttention(index))
+    else:
+        if isinstance(parts["mlp"], ZeroMLP):
+            return
+        setattr(layer, parts["mlp_name"], ZeroMLP())
+    for norm in parts[f"{part}_norms"]:  # norms that only served this half carry no signal any more
+        setattr(layer, norm, nn.Identity())
+
+
+def _parse_parts(parts: Iterable[Any]) -> list[tuple[int, str]]:
+    out = []
+    for item in parts:
+        if isinstance(item, Block):
+            if item.kind == "layer":
+                out += [(item.layer, "attn"), (item.layer, "mlp")]
+                continue
+            item = (item.layer, "attn" if item.kind == "attention" else "mlp")
+        if isinstance(item, str) and item.count(".") == 2:  # "layers.3.attn"
+            _, layer, part = item.split(".")
+            item = (int(layer), part)
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ModelError(f"sublayer {item!r} must be (layer, 'attn' | 'mlp'), 'layers.L.attn' or a Block")
+        layer, part = item
+        if part not in PART_ALIASES:
+            raise ModelError(f"unknown sublayer part {part!r}; use 'attn' or 'mlp'")
+        out.append((int(layer), PART_ALIASES[part]))
+    return out
+
+
+def zeroed_sublayers(model: Any) -> list[tuple[int, str]]:
+    """The (layer, part) halves replaced by zeros, from the model's config."""
+    return [(int(l), str(p)) for l, p in (getattr(text_config(model), ZEROED_KEY, None) or [])]
+
+
+def remove_sublayers(model: Any, parts: Iterable[Any], *, inplace: bool = False) -> Any:
+    """Remove attention and/or MLP halves of decoder layers.
+
+    A removed half is replaced by a module returning zeros of the right shape (its weights and the norms that
+    only fed it are dropped) and recorded in ``config.cbo_zeroed_sublayers`` so that
+    :func:`restore_zeroed_sublayers` rebuilds it after loading; a layer whose two halves are both removed is
+    deleted with :func:`remove_blocks`.
+
+    Args:
+        parts: ``(layer, "attn" | "mlp")`` pairs, names such as ``"layers.3.attn"``, or sublayer Blocks.
+
+    Example:
+        >>> pruned = remove_sublayers(model, [(3, "attn"), (5, "mlp"), (7, "attn"), (7, "mlp")])  # doctest: +SKIP
+    """
+    layers, _ = decoder_layers(model)
+    n = len(layers)
+    requested = _parse_parts(parts)
+    for layer, _part in requested:
+        if not 0 <= layer < n:
+            raise ModelError(f"layer index {layer} is out of range; the model has layers 0..{n - 1}")
+    gone: dict[int, set[str]] = {}
+    for layer, part in zeroed_sublayers(model) + requested:
+        gone.setdefault(layer, set()).add(part)
+    whole = sorted(l for l, p in gone.items() if p == {"attn", "mlp"})
+    if len(whole) >= n:
+        raise ModelError(f"cannot remove both halves of all {n} layers; at least one layer must remain")
+    if not inplace:
+        model = copy.deepcopy(model)
+        layers, _ = decoder_layers(model)
+    half = sorted((l, p) for l, ps in gone.items() if l not in whole for p in ps)
+    for layer, part in half:
+        _zero_half(model, layers[layer], layer, part)
+    setattr(text_config(model), ZEROED_KEY, [[l, p] for l, p in half])
+    if whole:
+        remove_blocks(model, whole, inplace=True)
+    return model
+
+
+def restore_zeroed_sublayers(model: Any) -> Any:
+    """Re-apply the zeroed halves recorded in the config (after ``from_pretrained`` of a saved model).
+
+    ``from_pretrained`` rebuilds the original modules for the removed halves (and warns that their weights are
+    missing); this swaps them back to zero modules, so outputs match the saved model exactly.
+    """
+    layers, _ = decoder_layers(model)
+    for layer, part in zeroed_sublayers(model):
+        if not 0 <= layer < len(layers):
+            raise ModelError(f"config lists zeroed sublayer ({layer}, {part!r}) but the model has {len(layers)} layers")
+        _zero_half(model, layers[layer], layer, part)
+    return model
+
+
+def load_pruned_depth(path: Any, **kwargs: Any) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(path)`` plus :func:`restore_zeroed_sublayers`.
+
+    Plain ``from_pretrained`` is enough for layer removal; models with zeroed sublayers need this call (it
+    silences the expected missing-weight warning for the removed halves).
+    """
+    transformers = require("transformers", "torch", "loading a pruned model")
+    config = transformers.AutoConfig.from_pretrained(path)
+    zeroed = getattr(config, ZEROED_KEY, None) or getattr(
+        config.get_text_config() if hasattr(config, "get_text_config") else config, ZEROED_KEY, None
+    )
+    if not zeroed:
+        return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    logging = transformers.utils.logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    finally:
+        logging.set_verbosity(level)
+    return restore_zeroed_sublayers(model).eval()
