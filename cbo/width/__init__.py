@@ -1,0 +1,41 @@
+"""Width pruning: score heads and neurons, allocate a budget globally, slice, schedule with depth.
+
+* :mod:`cbo.width.structures` — which weights form a neuron, a head or a KV group, per architecture;
+* :mod:`cbo.width.scores` — magnitude, Taylor, AFR-structured, NTK (NIRVANA), AMP, behind one registry;
+* :mod:`cbo.width.allocate` — global ranking with the MLP-vs-attention ratio γ, minimums, rounding;
+* :mod:`cbo.width.calibration` — choose the calibration batch by the KL of the model it prunes;
+* :mod:`cbo.width.mop` — the Mixture-of-Pruners scheduler (depth or width, one step at a time);
+* :mod:`cbo.width.compress` — :func:`compress`, the end-to-end call with a before/after report.
+
+Example:
+    >>> from cbo.width import score_units, allocate, prune_width          # doctest: +SKIP
+    >>> plan = allocate(score_units(model, windows, "ntk"), ratio=0.2).plan  # doctest: +SKIP
+    >>> small = prune_width(model, plan)                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "score_units": "cbo.width.scores",
+    "allocate": "cbo.width.allocate",
+    "default_gamma": "cbo.width.allocate",
+    "prune_width": "cbo.surgery.width",
+    "WidthPlan": "cbo.surgery.width",
+    "model_structures": "cbo.width.structures",
+    "layer_widths": "cbo.width.structures",
+    "select_calibration": "cbo.width.calibration",
+    "width_prune": "cbo.width.compress",
+    "mop": "cbo.width.mop",
+    "compress": "cbo.width.compress",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'cbo.width' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -1,0 +1,87 @@
+"""Activation magnitude (AMP, as in MoP): how large the signals a unit writes into its output projection are.
+
+Forward pre-hooks on the output projections read their inputs: for an MLP neuron the activation that
+enters ``down_proj`` (``c_proj`` / ``dense_4h_to_h``), for an attention head its slice of the input of
+``o_proj`` (``c_proj`` / ``dense``), i.e. the head's attention output. Per token a head contributes the
+L2 norm of its slice (``head_norm="l2"``) or the mean absolute value (``"l1"``), a neuron its absolute
+value; tokens are averaged (``token_reduce="mean"``) or root-mean-squared (``"rms"``). A KV-group unit
+sums its query heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbo._extras import require
+from cbo.errors import CBOError
+from cbo.width.scores.base import Key, WidthScore, register
+from cbo.width.structures import in_axis
+
+torch = require("torch", "torch", "AMP scores")
+
+
+def _reader_slot(structure):
+    """The slot of the output projection (the one whose units lie along its input axis)."""
+    for slot in structure.slots:
+        if not slot.is_bias and slot.dim == in_axis(slot.module):
+            return slot
+    raise CBOError(f"layer {structure.layer} {structure.kind}: no output projection found for AMP")
+
+
+@register
+class AMPScore(WidthScore):
+    """Mean activation magnitude of heads and neurons (forward hooks, no gradients)."""
+
+    name = "amp"
+    aliases = ("activation",)
+    description = "activation magnitude of each head / neuron at the output projection (MoP)"
+
+    @dataclass
+    class Options:
+        head_norm: str = "l2"
+        token_reduce: str = "mean"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.options.head_norm not in ("l1", "l2"):
+            raise CBOError(f"AMP head_norm must be 'l1' or 'l2', got {self.options.head_norm!r}")
+        if self.options.token_reduce not in ("mean", "rms"):
+            raise CBOError(f"AMP token_reduce must be 'mean' or 'rms', got {self.options.token_reduce!r}")
+        self._sums: dict[Key, object] = {}
+        self._tokens: dict[Key, int] = {}
+
+    def _per_token(self, key: Key, x):
+        """``(tokens, n)`` magnitudes of the heads (query heads) or neurons in input ``x``."""
+        s = self.structure(key)
+        x = x.detach().float().reshape(-1, x.shape[-1])
+        if s.kind == "mlp":
+            return x.abs()
+        heads = x.reshape(x.shape[0], s.n_heads, s.head_dim)
+        return heads.norm(dim=-1) if self.options.head_norm == "l2" else heads.abs().mean(-1)
+
+    def attach(self) -> None:
+        for key in self.units:
+            module = _reader_slot(self.structure(key)).module
+
+            def hook(mod, args, key=key):
+                m = self._per_token(key, args[0])
+                m = m.pow(2) if self.options.token_reduce == "rms" else m
+                self._sums[key] = self._sums.get(key, 0) + m.sum(0)
+                self._tokens[key] = self._tokens.get(key, 0) + m.shape[0]
+
+            self.hook(module.register_forward_pre_hook(hook))
+
+    def accumulate(self, batch) -> None:
+        with torch.no_grad():
+            self.model(input_ids=batch)
+
+    def finalize(self) -> dict[Key, object]:
+        out = {}
+        for key, units in self.units.items():
+            if key not in self._sums:
+                raise CBOError(f"AMP saw no activations for layer {key[0]} {key[1]}; was the module called?")
+            per = self._sums[key] / max(self._tokens[key], 1)
+            if self.options.token_reduce == "rms":
+                per = per.sqrt()
+            out[key] = per[units.q].sum(1)  # a unit's query heads (or its one neuron)
+        return out

@@ -1,0 +1,271 @@
+"""The width-score interface, its registry and :func:`score_units`.
+
+A score is a small class with an explicit lifecycle: ``attach()`` (hooks, gradient switches),
+``accumulate(batch)`` once per calibration batch, ``finalize()`` (per-unit importances) and
+``remove()``, which :func:`score_units` always calls, even when a batch fails. Higher importance means
+"keep"; the allocator removes the lowest-scoring units.
+
+Example:
+    >>> scores = score_units(model, windows, "ntk")        # doctest: +SKIP
+    >>> scores.values[(0, "mlp")].shape                    # doctest: +SKIP
+    torch.Size([1536])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from cbo._extras import require
+from cbo.errors import CBOError, DataError, ModelError
+from cbo.width.structures import KINDS, ModelStructures, Units, model_structures, units_of
+
+torch = require("torch", "torch", "width scores")
+
+_REGISTRY: dict[str, type[WidthScore]] = {}
+_ALIASES: dict[str, str] = {}
+
+Key = tuple[int, str]  # (decoder layer, "attention" | "mlp")
+
+
+class UnknownScoreError(CBOError, KeyError):
+    """No width score is registered under that name, or it has no such option."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass
+class UnitScores:
+    """Per-unit importances of every prunable structure (higher = more important)."""
+
+    score: str
+    gqa: str
+    values: dict[Key, Any]
+    units: dict[Key, Units]
+    structures: ModelStructures
+    options: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def keys(self) -> list[Key]:
+        return sorted(self.values, key=lambda k: (k[0], KINDS.index(k[1])))
+
+
+class WidthScore:
+    """Base class of every width score; subclasses register with :func:`register`."""
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    description: ClassVar[str] = ""
+    needs_data: ClassVar[bool] = True
+
+    @dataclass
+    class Options:
+        pass
+
+    def __init__(self, model: Any, structures: ModelStructures, units: dict[Key, Units], options: Any):
+        self.model = model
+        self.structures = structures
+        self.units = units
+        self.options = options
+        self.n_batches = 0
+        self._handles: list[Any] = []
+
+    @classmethod
+    def make_options(cls, options: dict[str, Any]) -> Any:
+        valid = [f.name for f in dataclasses.fields(cls.Options)]
+        bad = sorted(set(options) - set(valid))
+        if bad:
+            raise UnknownScoreError(
+                f"width score {cls.name!r} has no option(s) {bad}; valid options: {valid or 'none'}."
+            )
+        return cls.Options(**options)
+
+    def structure(self, key: Key) -> Any:
+        layer, kind = key
+        return self.structures.of_kind(kind)[layer]
+
+    # lifecycle -------------------------------------------------------------------------------
+    def attach(self) -> None:
+        """Register hooks and switches; everything registered here is undone by :meth:`remove`."""
+
+    def accumulate(self, batch: Any) -> None:
+        """Process one batch of token ids ``(B, T)``."""
+
+    def finalize(self) -> dict[Key, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError  # abstract
+
+    def remove(self) -> None:
+        """Remove every hook this score registered (safe to call twice)."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    def hook(self, handle: Any) -> None:
+        """Keep a hook handle so that :meth:`remove` removes it."""
+        self._handles.append(handle)
+
+
+def register(cls: type[WidthScore]) -> type[WidthScore]:
+    """Class decorator: add a width score (and its aliases) to the registry."""
+    if not cls.name:
+        raise CBOError(f"{cls.__name__} has no name.")
+    _REGISTRY[cls.name] = cls
+    for alias in cls.aliases:
+        _ALIASES[alias] = cls.name
+    return cls
+
+
+def _load_builtin() -> None:
+    import cbo.width.scores  # noqa: F401  (importing the package registers the built-in scores)
+
+
+def names() -> list[str]:
+    """Registered width-score names (aliases excluded)."""
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[WidthScore]:
+    """The score class registered under ``name`` (or an alias)."""
+    _load_builtin()
+    key = _ALIASES.get(name, name)
+    if key not in _REGISTRY:
+        raise UnknownScoreError(
+            f"unknown width score {name!r}; registered: {sorted(_REGISTRY)} (aliases: {sorted(_ALIASES)})."
+        )
+    return _REGISTRY[key]
+
+
+def _batches(windows: Any, batch_size: int):
+    for i in range(0, windows.shape[0], batch_size):
+        yield windows[i : i + batch_size]
+
+
+def score_units(
+    model: Any,
+    windows: Any = None,
+    score: str = "ntk",
+    *,
+    kinds: tuple[str, ...] = KINDS,
+    gqa: str = "group",
+    batch_size: int = 4,
+    structures: ModelStructures | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> UnitScores:
+    """Importance of every attention unit and MLP neuron of ``model``.
+
+    Args:
+        model: a Hugging Face causal LM (eval mode is used while scoring).
+        windows: ``(B, T)`` int64 token windows of calibration text (not needed by ``magnitude``).
+        score: a registered score name (see :func:`names`): magnitude, taylor, afr, ntk, amp.
+        kinds: which structures to score.
+        gqa: grouped-query units, ``"group"`` (whole KV groups) or ``"query"`` (query heads).
+        batch_size: windows per forward pass.
+        **options: fields of the score's ``Options`` dataclass.
+
+    Example:
+        >>> s = score_units(model, windows, "afr", p=0.5, clip=(1.0, 99.0))   # doctest: +SKIP
+    """
+    cls = get(score)
+    opts = cls.make_options(options)
+    structs = structures if structures is not None else model_structures(model, kinds)
+    units = {(s.layer, s.kind): units_of(s, gqa) for s in structs.all(kinds)}
+    if not units:
+        raise ModelError(f"{type(model).__name__} has no prunable {'/'.join(kinds)} structures")
+    if cls.needs_data:
+        if windows is None or not hasattr(windows, "shape") or windows.ndim != 2 or windows.shape[0] == 0:
+            raise DataError(
+                f"width score {cls.name!r} needs calibration token windows of shape (B, T); got {windows!r}"
+            )
+    if batch_size < 1:
+        raise DataError(f"batch_size must be >= 1, got {batch_size}")
+    was_training = model.training
+    model.eval()
+    scorer = cls(model, structs, units, opts)
+    try:
+        scorer.attach()
+        if cls.needs_data:
+            batches = list(_batches(windows, batch_size))
+            if progress:
+                from tqdm.auto import tqdm
+
+                batches = tqdm(batches, desc=f"width score {cls.name}", leave=False)
+            device = next(model.parameters()).device
+            for batch in batches:
+                scorer.accumulate(batch.to(device))
+                scorer.n_batches += 1
+        values = scorer.finalize()
+    finally:
+        scorer.remove()
+        model.train(was_training)
+    for key, v in values.items():
+        if not torch.isfinite(v).all():
+            raise DataError(f"width score {cls.name!r} produced non-finite values for layer {key[0]} {key[1]}")
+    return UnitScores(cls.name, gqa, values, units, structs, dataclasses.asdict(opts))
+
+
+class GradientScore(WidthScore):
+    """Base of scores built from ``∂objective/∂W`` summed over batches.
+
+    ``attach`` turns gradients off for every parameter that no score reads (embeddings, norms, the head),
+    ``remove`` restores each parameter's ``requires_grad`` and clears the gradients it produced.
+    """
+
+    def attach(self) -> None:
+        self._saved = {id(p): (p, p.requires_grad, p.grad) for p in self.model.parameters()}
+        self._scored: dict[int, Any] = {}
+        for s in self.structures.all():
+            for slot in s.slots:
+                if not slot.is_bias:
+                    self._scored[id(slot.tensor)] = slot.tensor
+        for p in self.model.parameters():
+            p.requires_grad_(id(p) in self._scored)
+            p.grad = None
+        self._grad_sum: dict[int, Any] = {}
+
+    def objective(self, batch: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError  # abstract
+
+    def accumulate(self, batch: Any) -> None:
+        with torch.enable_grad():
+            value = self.objective(batch)
+            value.backward()
+        for key, p in self._scored.items():
+            if p.grad is not None:
+                if key in self._grad_sum:
+                    self._grad_sum[key] += p.grad
+                else:
+                    self._grad_sum[key] = p.grad.detach().clone()
+                p.grad = None
+
+    def mean_grad(self, param: Any) -> Any:
+        g = self._grad_sum.get(id(param))
+        if g is None:
+            return torch.zeros_like(param)
+        return g / max(self.n_batches, 1)
+
+    def per_weight(self, key: Key, fn) -> dict[str, Any]:
+        """``{slot name: fn(weight, mean gradient)}`` for the weight slots of one structure."""
+        out = {}
+        for slot in self.structure(key).slots:
+            if not slot.is_bias and slot.name not in out:
+                w = slot.tensor.detach()
+                out[slot.name] = fn(w, self.mean_grad(slot.tensor))
+        return out
+
+    def remove(self) -> None:
+        super().remove()
+        for p, flag, grad in getattr(self, "_saved", {}).values():
+            p.requires_grad_(flag)
+            p.grad = grad
+        self._grad_sum = {}
+
+
+def lm_loss(model: Any, batch: Any) -> Any:
+    """Mean next-token cross-entropy of a batch of token windows."""
+    logits = model(input_ids=batch).logits
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1).to(logits.device)
+    )

@@ -1,0 +1,40 @@
+"""Weight magnitude: the norm of a unit's weights (no data needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbo.errors import CBOError
+from cbo.width.scores.base import Key, WidthScore, register
+from cbo.width.structures import gather_units
+
+
+@register
+class MagnitudeScore(WidthScore):
+    """``Σ|w|`` (``norm="l1"``) or ``sqrt(Σ w²)`` (``norm="l2"``) over a unit's weights (biases excluded)."""
+
+    name = "magnitude"
+    aliases = ("mag", "l1")
+    description = "norm of the unit's weights; data-free baseline"
+    needs_data = False
+
+    @dataclass
+    class Options:
+        norm: str = "l1"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.options.norm not in ("l1", "l2"):
+            raise CBOError(f"magnitude norm must be 'l1' or 'l2', got {self.options.norm!r}")
+
+    def finalize(self) -> dict[Key, object]:
+        out = {}
+        for key, units in self.units.items():
+            s = self.structure(key)
+            weights = {slot.name: slot.tensor.detach() for slot in s.slots if not slot.is_bias}
+            rows = gather_units(s, units, weights)
+            if self.options.norm == "l1":
+                out[key] = sum(r.abs().sum(1) for _, r in rows).float()
+            else:
+                out[key] = sum(r.pow(2).sum(1) for _, r in rows).float().sqrt()
+        return out
