@@ -1,1 +1,887 @@
-"""Exact top-K enumeration on the CPU (placeholder replaced by the numba enumerator)."""
+"""Exact top-K enumeration on the CPU: depth-first branch and bound over all states with Σx = M.
+
+The free blocks (not kept, not forced) are reordered (by ascending diagonal by default, so that
+good states come early) and the states are visited in lexicographic order of their removed-block
+indices. Every node keeps the field ``f_j = Q_jj + Σ_{i chosen} Q_ij`` of each candidate ``j``, so
+adding ``j`` costs ``f_j``.
+
+Fast path (no caps or parameter budget, r ≥ 3): the last three levels are fused. A node with three
+blocks still to choose stores the pair energies ``PE_ab = f_a + f_b + Q_ab`` of every remaining pair
+in a triangle ordered so that the pairs above any index ``c`` form a contiguous prefix; the states
+below child ``c`` are then ``E + f_c + PE_ab + W_c,ab`` with ``W_c,ab = Q_ca + Q_cb`` precomputed, so a
+state costs two loads and an add. The triangle is scanned in vectorized chunks that only count how
+many entries beat the current K-th best; a chunk is scanned in scalar code only when one does.
+
+Generic path (caps or a parameter budget, or r ≤ 2): the same search with a leaf loop, tracking the
+removed count of every kind and the removed parameters, and pruning prefixes that can no longer be
+completed feasibly.
+
+Lower bound (``bound=True``): for a prefix with energy ``E``, fields ``f`` and ``ρ`` blocks still to
+choose from ``R = {j ≥ s}``, every completion ``S ⊂ R``, ``|S| = ρ`` has energy
+
+    E + Σ_{j∈S} (f_j + ½ Σ_{k∈S, k≠j} Q_jk) ≥ E + (sum of the ρ smallest of f_j + T[s, ρ, j])
+
+with ``T[s, ρ, j] = ½·(sum of the ρ−1 smallest Q_jk over k ≥ s, k ≠ j)``, a table that does not depend
+on the prefix. The same bound over the suffix ``{j ≥ c}`` covers every later child of a node, so the
+child loop stops as soon as it exceeds the K-th best. A node is pruned only when its bound exceeds the
+K-th best found so far by more than a rounding slack, so no true top-K state is ever cut.
+
+Threads: tasks are the prefixes of a fixed depth, handed out dynamically (an atomic counter); every
+thread keeps its own max-heap of K states, and the pruning threshold is the smallest K-th best over
+all threads (each is an upper bound on the global K-th best), or a threshold seeded by a greedy +
+swap-descent heuristic, or the warm-start energy. The Python side runs the tasks in batches of about
+``batch_seconds``, checking the time limit and Ctrl-C in between; a stopped run returns the best
+states found so far, marked inexact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from cbo.errors import SolverError
+from cbo.solvers.base import Problem, Solver, SolverOutput, register
+
+# Per-thread slots in shared arrays are this many entries apart, so that threads updating their own
+# slot do not share a cache line.
+_PAD = 8
+# Triangle chunk scanned by the vectorized counting loop.
+_CHUNK = 128
+# Largest pair table (C(n, 3) doubles) the fused kernel may allocate; larger n use the generic kernel.
+_MAX_PAIR_TABLE = 8_000_000
+# Largest bound table (n * (r + 1) * n doubles); above it the bound is switched off.
+_MAX_BOUND_TABLE = 32_000_000
+_BIG_INT = np.int64(2**62)
+
+_ORDERS = ("diagonal", "natural")
+
+
+# --------------------------------------------------------------------------------------- primitives
+@intrinsic
+def _fetch_add(typingctx, arr, idx, val):
+    """Atomically add ``val`` to ``arr[idx]`` (int64) and return the previous value."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+    sig = types.int64(arr, types.intp, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.atomic_rmw("add", ptr, args[2], "seq_cst")
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _cnt2(m):
+    return (m * (m - 1)) // 2
+
+
+@njit(cache=True, inline="always")
+def _threshold(thr, nth, cap):
+    """The pruning threshold: the smallest K-th best over all threads, or the seeded cap."""
+    m = cap
+    for t in range(nth):
+        v = thr[t * _PAD]
+        if v < m:
+            m = v
+    return m
+
+
+@njit(cache=True)
+def _push(heap_e, heap_s, heap_n, thr, tid, e, cur):
+    """Offer a state (energy ``e``, removed indices ``cur``) to thread ``tid``'s max-heap of size K."""
+    K = heap_e.shape[1]
+    he = heap_e[tid]
+    hs = heap_s[tid]
+    nh = heap_n[tid * _PAD]
+    if nh < K:
+        i = nh
+        while i > 0:
+            p = (i - 1) // 2
+            if he[p] >= e:
+                break
+            he[i] = he[p]
+            hs[i, :] = hs[p, :]
+            i = p
+        he[i] = e
+        hs[i, :] = cur
+        nh += 1
+        heap_n[tid * _PAD] = nh
+        if nh == K:
+            thr[tid * _PAD] = he[0]
+        return
+    if e >= he[0]:
+        return
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= K:
+            break
+        ch = left
+        if left + 1 < K and he[left + 1] > he[left]:
+            ch = left + 1
+        if he[ch] <= e:
+            break
+        he[i] = he[ch]
+        hs[i, :] = hs[ch, :]
+        i = ch
+    he[i] = e
+    hs[i, :] = cur
+    thr[tid * _PAD] = he[0]
+
+
+@njit(cache=True)
+def _suffix_bounds(f, e, trow, s, n, rho, out, hbuf):
+    """``out[c] = e + sum of the rho smallest f_j + trow[j] over j >= c`` for c in [s, n - rho].
+
+    A right-to-left scan keeping the rho smallest values in a max-heap (``hbuf``).
+    """
+    size = 0
+    total = 0.0
+    for j in range(n - 1, s - 1, -1):
+        v = f[j] + trow[j]
+        if size < rho:
+            i = size
+            while i > 0:
+                p = (i - 1) // 2
+                if hbuf[p] >= v:
+                    break
+                hbuf[i] = hbuf[p]
+                i = p
+            hbuf[i] = v
+            size += 1
+            total += v
+        elif v < hbuf[0]:
+            total += v - hbuf[0]
+            i = 0
+            while True:
+                left = 2 * i + 1
+                if left >= rho:
+                    break
+                ch = left
+                if left + 1 < rho and hbuf[left + 1] > hbuf[left]:
+                    ch = left + 1
+                if hbuf[ch] <= v:
+                    break
+                hbuf[i] = hbuf[ch]
+                i = ch
+            hbuf[i] = v
+        if size == rho:
+            out[j] = e + total
+
+
+# --------------------------------------------------------------------------------------- tables
+@njit(cache=True)
+def _bound_table(Q, rmax):
+    """``T[s, rho, j] = ½·(sum of the rho−1 smallest Q_jk over k ≥ s, k ≠ j)`` for j ≥ s."""
+    n = Q.shape[0]
+    T = np.zeros((n, rmax + 1, n))
+    for j in range(n):
+        row = Q[j].copy()
+        row[j] = np.inf
+        order = np.argsort(row)
+        for s in range(j + 1):
+            acc = 0.0
+            taken = 0
+            for t in range(n - 1):
+                k = order[t]
+                if k < s:
+                    continue
+                taken += 1
+                if taken > rmax - 1:
+                    break
+                acc += row[k]
+                T[s, taken + 1, j] = 0.5 * acc
+            # fewer candidates than needed: the state cannot exist; keep the bound finite and valid
+            for rho in range(taken + 2, rmax + 1):
+                T[s, rho, j] = T[s, taken + 1, j] if taken + 1 <= rmax else 0.0
+    return T
+
+
+@njit(cache=True)
+def _pair_tables(Q):
+    """The pair triangle: pairs (a, b), a < b, ordered so that the pairs with a ≥ s are the first
+    C(n − s, 2) entries; their couplings ``QP``; and ``W[woff[c] + k] = Q_c,a_k + Q_c,b_k`` for the pairs
+    above c."""
+    n = Q.shape[0]
+    npairs = _cnt2(n)
+    pa = np.empty(npairs, dtype=np.int32)
+    pb = np.empty(npairs, dtype=np.int32)
+    QP = np.empty(npairs)
+    for a in range(n - 2, -1, -1):
+        k0 = _cnt2(n - a - 1)
+        for b in range(a + 1, n):
+            k = k0 + b - a - 1
+            pa[k] = a
+            pb[k] = b
+            QP[k] = Q[a, b]
+    woff = np.zeros(n + 1, dtype=np.int64)
+    for c in range(n):
+        woff[c + 1] = woff[c] + _cnt2(n - c - 1)
+    W = np.empty(woff[n])
+    for c in range(n):
+        o = woff[c]
+        for k in range(_cnt2(n - c - 1)):
+            W[o + k] = Q[c, pa[k]] + Q[c, pb[k]]
+    return pa, pb, QP, W, woff
+
+
+@njit(cache=True)
+def _seed_threshold(Q, r, K):
+    """An upper bound on the K-th best energy from a heuristic, or inf.
+
+    Greedy construction from every possible first block, each followed by best-improvement swap
+    descent; the best local optimum and its r·(n−r) single-swap neighbours are distinct states, so the
+    K-th smallest of their energies bounds the true K-th best from above.
+    """
+    n = Q.shape[0]
+    best_e = np.inf
+    best = np.zeros(n, dtype=np.bool_)
+    inset = np.zeros(n, dtype=np.bool_)
+    f = np.empty(n)
+    if r == 0 or r == n:
+        return np.inf, best
+    for start in range(n):
+        inset[:] = False
+        for j in range(n):
+            f[j] = Q[j, j]
+        e = 0.0
+        inset[start] = True
+        e += f[start]
+        for j in range(n):
+            if j != start:
+                f[j] += Q[start, j]
+        for _ in range(r - 1):
+            bj = -1
+            bv = np.inf
+            for j in range(n):
+                if not inset[j] and f[j] < bv:
+                    bv = f[j]
+                    bj = j
+            inset[bj] = True
+            e += bv
+            for j in range(n):
+                if j != bj:
+                    f[j] += Q[bj, j]
+        # f_j for j in the set excludes its own row; for j outside it is the cost of adding j
+        for _it in range(10 * n):
+            bd = -1e-12 * (1.0 + abs(e))
+            bi = -1
+            bo = -1
+            for i in range(n):
+                if not inset[i]:
+                    continue
+                for j in range(n):
+                    if inset[j]:
+                        continue
+                    d = f[j] - f[i] - Q[i, j]
+                    if d < bd:
+                        bd = d
+                        bi = i
+                        bo = j
+            if bi < 0:
+                break
+            inset[bi] = False
+            inset[bo] = True
+            e += bd
+            for j in range(n):
+                if j != bi:
+                    f[j] -= Q[bi, j]
+                if j != bo:
+                    f[j] += Q[bo, j]
+        if e < best_e:
+            best_e = e
+            best[:] = inset
+    if K == 1:
+        return best_e, best
+    nb = r * (n - r)
+    if nb + 1 < K:
+        return np.inf, best
+    # neighbour energies of the best local optimum
+    for j in range(n):
+        f[j] = Q[j, j]
+    for i in range(n):
+        if best[i]:
+            for j in range(n):
+                if j != i:
+                    f[j] += Q[i, j]
+    vals = np.empty(nb + 1)
+    vals[0] = best_e
+    m = 1
+    for i in range(n):
+        if not best[i]:
+            continue
+        for j in range(n):
+            if best[j]:
+                continue
+            vals[m] = best_e + f[j] - f[i] - Q[i, j]
+            m += 1
+    vals.sort()
+    return vals[K - 1], best
+
+
+# --------------------------------------------------------------------------------------- fast kernel
+@njit(cache=True, fastmath={"nsz", "arcp", "contract"})
+def _fused_node(
+    Q, F, E, S, L, s, r, n, T, QP, W, woff, pa, pb, PE, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
+    cur, hbuf, stats,
+):  # fmt: skip
+    """A node with three blocks left: scan every state below it through the pair triangle."""
+    f = F[L]
+    e = E[L]
+    for a in range(s, n - 1):
+        k0 = _cnt2(n - a - 1)
+        ln = n - a - 1
+        fa = f[a]
+        pe = PE[k0 : k0 + ln]
+        qp = QP[k0 : k0 + ln]
+        fb = f[a + 1 : n]
+        for i in range(ln):
+            pe[i] = fa + fb[i] + qp[i]
+    for c in range(s, n - 2):
+        t = _threshold(thr, nth, cap)
+        if use_bound and S[L, c] > t + slack:
+            break
+        ec = e + f[c]
+        m = n - c - 1
+        K2 = _cnt2(m)
+        if use_bound and m > 16:
+            # bound of the child: e + f_c + the 2 smallest (f_j + Q_cj + ½ min_k Q_jk) over j > c
+            t2 = T[c + 1, 2]
+            qc = Q[c]
+            b1 = np.inf
+            b2 = np.inf
+            for j in range(c + 1, n):
+                v = f[j] + qc[j] + t2[j]
+                if v < b2:
+                    if v < b1:
+                        b2 = b1
+                        b1 = v
+                    else:
+                        b2 = v
+            if ec + b1 + b2 > t + slack:
+                stats[2] += 1
+                continue
+        cur[L] = c
+        w = W[woff[c] : woff[c] + K2]
+        tt = t - ec
+        for st in range(0, K2, _CHUNK):
+            hi = min(st + _CHUNK, K2)
+            pe = PE[st:hi]
+            ww = w[st:hi]
+            cnt = 0
+            for i in range(hi - st):
+                if pe[i] + ww[i] < tt:
+                    cnt += 1
+            if cnt > 0:
+                for i in range(hi - st):
+                    v = pe[i] + ww[i]
+                    if v < tt:
+                        k = st + i
+                        cur[L + 1] = pa[k]
+                        cur[L + 2] = pb[k]
+                        _push(heap_e, heap_s, heap_n, thr, tid, ec + v, cur)
+                        t = _threshold(thr, nth, cap)
+                        tt = t - ec
+        stats[1] += K2
+    stats[0] += 1
+
+
+@njit(cache=True, fastmath={"nsz", "arcp", "contract"})
+def _task_fast(
+    Q, T, QP, W, woff, pa, pb, r, prefix, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
+    F, E, S, pos, cur, PE, hbuf, stats,
+):  # fmt: skip
+    n = Q.shape[0]
+    d0 = prefix.shape[0]
+    f0 = F[d0]
+    for j in range(n):
+        f0[j] = Q[j, j]
+    e = 0.0
+    for i in range(d0):
+        c = prefix[i]
+        cur[i] = c
+        e += f0[c]
+        qc = Q[c]
+        for j in range(c + 1, n):
+            f0[j] += qc[j]
+    E[d0] = e
+    s0 = prefix[d0 - 1] + 1 if d0 > 0 else 0
+    if use_bound:
+        _suffix_bounds(f0, e, T[s0, r - d0], s0, n, r - d0, S[d0], hbuf)
+        if S[d0, s0] > _threshold(thr, nth, cap) + slack:
+            stats[2] += 1
+            return
+    if d0 == r - 3:
+        _fused_node(
+            Q, F, E, S, d0, s0, r, n, T, QP, W, woff, pa, pb, PE, use_bound, heap_e, heap_s, heap_n, thr, nth, tid,
+            cap, slack, cur, hbuf, stats,
+        )  # fmt: skip
+        return
+    L = d0
+    pos[L] = s0
+    while L >= d0:
+        c = pos[L]
+        rho = r - L
+        if c > n - rho:
+            L -= 1
+            continue
+        t = _threshold(thr, nth, cap)
+        if use_bound and S[L, c] > t + slack:
+            L -= 1
+            continue
+        pos[L] = c + 1
+        cur[L] = c
+        ec = E[L] + F[L, c]
+        E[L + 1] = ec
+        src = F[L, c + 1 : n]
+        dst = F[L + 1, c + 1 : n]
+        qc = Q[c, c + 1 : n]
+        for i in range(n - c - 1):
+            dst[i] = src[i] + qc[i]
+        if use_bound:
+            _suffix_bounds(F[L + 1], ec, T[c + 1, rho - 1], c + 1, n, rho - 1, S[L + 1], hbuf)
+            if S[L + 1, c + 1] > t + slack:
+                stats[2] += 1
+                continue
+        stats[0] += 1
+        if L + 1 == r - 3:
+            _fused_node(
+                Q, F, E, S, L + 1, c + 1, r, n, T, QP, W, woff, pa, pb, PE, use_bound, heap_e, heap_s, heap_n, thr,
+                nth, tid, cap, slack, cur, hbuf, stats,
+            )  # fmt: skip
+            continue
+        L += 1
+        pos[L] = c + 1
+
+
+@njit(cache=True, parallel=True)
+def _batch_fast(
+    Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth, cap, slack, stats,
+):  # fmt: skip
+    n = Q.shape[0]
+    npairs = _cnt2(n)
+    for tid in prange(nth):
+        F = np.empty((r + 1, n))
+        E = np.empty(r + 1)
+        S = np.empty((r + 1, n))
+        pos = np.empty(r + 1, dtype=np.int64)
+        cur = np.empty(r, dtype=np.int32)
+        PE = np.empty(max(npairs, 1))
+        hbuf = np.empty(r + 1)
+        st = np.zeros(4, dtype=np.int64)
+        while True:
+            i = lo + _fetch_add(counter, 0, 1)
+            if i >= hi:
+                break
+            _task_fast(
+                Q, T, QP, W, woff, pa, pb, r, tasks[i], use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
+                F, E, S, pos, cur, PE, hbuf, st,
+            )  # fmt: skip
+            st[3] += 1
+        for k in range(4):
+            stats[tid, k] += st[k]
+
+
+# --------------------------------------------------------------------------------------- generic kernel
+@njit(cache=True)
+def _child_ok(c, L, r, kind, capk, size, pmin, pmax, minsum, maxsum, avail, cnt, P):
+    """Whether choosing ``c`` after level-L prefix (counts ``cnt[L]``, params ``P[L]``) can still be
+    completed into a feasible state; fills level L+1 counts and params."""
+    k = kind[c]
+    if cnt[L, k] + 1 > capk[k]:
+        return False
+    nk = capk.shape[0]
+    for q in range(nk):
+        cnt[L + 1, q] = cnt[L, q]
+    cnt[L + 1, k] += 1
+    p = P[L] + size[c]
+    P[L + 1] = p
+    left = r - L - 1
+    if p + minsum[c + 1, left] > pmax or p + maxsum[c + 1, left] < pmin:
+        return False
+    if left > 0:
+        room = 0
+        for q in range(nk):
+            room += min(avail[c + 1, q], capk[q] - cnt[L + 1, q])
+        if room < left:
+            return False
+    return True
+
+
+@njit(cache=True, fastmath={"nsz", "arcp", "contract"})
+def _task_generic(
+    Q, T, r, prefix, use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e, heap_s, heap_n,
+    thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, stats,
+):  # fmt: skip
+    n = Q.shape[0]
+    d0 = prefix.shape[0]
+    for q in range(cnt.shape[1]):
+        cnt[0, q] = 0
+    P[0] = 0
+    for j in range(n):
+        F[0, j] = Q[j, j]
+    E[0] = 0.0
+    # walk the prefix level by level (keeps counts and params exact for the side constraints)
+    for i in range(d0):
+        c = prefix[i]
+        cur[i] = c
+        if side and not _child_ok(c, i, r, kind, capk, size, pmin, pmax, minsum, maxsum, avail, cnt, P):
+            stats[2] += 1
+            return
+        E[i + 1] = E[i] + F[i, c]
+        for j in range(c + 1, n):
+            F[i + 1, j] = F[i, j] + Q[c, j]
+    s0 = prefix[d0 - 1] + 1 if d0 > 0 else 0
+    if use_bound:
+        _suffix_bounds(F[d0], E[d0], T[s0, r - d0], s0, n, r - d0, S[d0], hbuf)
+        if S[d0, s0] > _threshold(thr, nth, cap) + slack:
+            stats[2] += 1
+            return
+    L = d0
+    pos[L] = s0
+    while L >= d0:
+        rho = r - L
+        if rho == 1:
+            # leaf level: every remaining block completes a state
+            fL = F[L]
+            eL = E[L]
+            t = _threshold(thr, nth, cap)
+            for c in range(pos[L], n):
+                if use_bound and S[L, c] > t + slack:
+                    break
+                if side:
+                    k = kind[c]
+                    if cnt[L, k] + 1 > capk[k]:
+                        continue
+                    p = P[L] + size[c]
+                    if p > pmax or p < pmin:
+                        continue
+                stats[1] += 1
+                v = eL + fL[c]
+                if v < t:
+                    cur[L] = c
+                    _push(heap_e, heap_s, heap_n, thr, tid, v, cur)
+                    t = _threshold(thr, nth, cap)
+            L -= 1
+            continue
+        c = pos[L]
+        if c > n - rho:
+            L -= 1
+            continue
+        t = _threshold(thr, nth, cap)
+        if use_bound and S[L, c] > t + slack:
+            L -= 1
+            continue
+        pos[L] = c + 1
+        if side and not _child_ok(c, L, r, kind, capk, size, pmin, pmax, minsum, maxsum, avail, cnt, P):
+            stats[2] += 1
+            continue
+        cur[L] = c
+        ec = E[L] + F[L, c]
+        E[L + 1] = ec
+        for j in range(c + 1, n):
+            F[L + 1, j] = F[L, j] + Q[c, j]
+        if use_bound:
+            _suffix_bounds(F[L + 1], ec, T[c + 1, rho - 1], c + 1, n, rho - 1, S[L + 1], hbuf)
+            if S[L + 1, c + 1] > t + slack:
+                stats[2] += 1
+                continue
+        stats[0] += 1
+        L += 1
+        pos[L] = c + 1
+
+
+@njit(cache=True, parallel=True)
+def _batch_generic(
+    Q, T, r, tasks, lo, hi, counter, use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
+    heap_s, heap_n, thr, nth, cap, slack, stats,
+):  # fmt: skip
+    n = Q.shape[0]
+    nk = capk.shape[0]
+    for tid in prange(nth):
+        F = np.empty((r + 1, n))
+        E = np.empty(r + 1)
+        S = np.empty((r + 1, n))
+        pos = np.empty(r + 1, dtype=np.int64)
+        cur = np.empty(r, dtype=np.int32)
+        cnt = np.zeros((r + 1, nk), dtype=np.int64)
+        P = np.zeros(r + 1, dtype=np.int64)
+        hbuf = np.empty(r + 1)
+        st = np.zeros(4, dtype=np.int64)
+        while True:
+            i = lo + _fetch_add(counter, 0, 1)
+            if i >= hi:
+                break
+            _task_generic(
+                Q, T, r, tasks[i], use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
+                heap_s, heap_n, thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, st,
+            )  # fmt: skip
+            st[3] += 1
+        for k in range(4):
+            stats[tid, k] += st[k]
+
+
+# --------------------------------------------------------------------------------------- the solver
+@register
+class EnumerateSolver(Solver):
+    """Exact top-K by depth-first enumeration with a K-best threshold and lower bounds (CPU, numba)."""
+
+    name = "enumerate"
+    aliases = ("exact",)
+    exact = True
+    description = "exact top-K by branch-and-bound enumeration of all states with Σx = M (CPU, numba, threads)"
+
+    @dataclass
+    class Options:
+        """Settings of the enumerator.
+
+        Attributes:
+            threads: worker threads (default: all numba threads, ``numba.get_num_threads()``).
+            bound: prune prefixes with the lower bound (off = plain enumeration of every state).
+            warm_start: only states with energy <= this value are sought; the threshold starts there.
+                If fewer than K such states exist, the result has fewer than K states (still exact:
+                it holds every state at or below the threshold that belongs to the top K).
+            order: ``"diagonal"`` (blocks by ascending removal cost, finds good states first) or
+                ``"natural"`` (block order).
+            task_depth: depth of the prefixes handed to threads as tasks (default: chosen from n, M).
+            batch_seconds: target duration of one batch of tasks; the time limit and Ctrl-C are
+                checked between batches.
+            seed_heuristic: seed the threshold with a greedy + swap-descent solution.
+        """
+
+        threads: int | None = None
+        bound: bool = True
+        warm_start: float | None = None
+        order: str = "diagonal"
+        task_depth: int | None = None
+        batch_seconds: float = 0.2
+        seed_heuristic: bool = True
+
+    @classmethod
+    def make_options(cls, options: dict[str, Any]) -> Any:
+        opts = super().make_options(options)
+        if opts.threads is not None:
+            limit = numba.config.NUMBA_NUM_THREADS
+            if isinstance(opts.threads, bool) or not isinstance(opts.threads, (int, np.integer)):
+                raise SolverError(f"threads must be an integer in 1..{limit}, got {opts.threads!r}.")
+            if not 1 <= opts.threads <= limit:
+                raise SolverError(f"threads={opts.threads} is out of range; use 1..{limit} (NUMBA_NUM_THREADS).")
+        if opts.order not in _ORDERS:
+            raise SolverError(f"order={opts.order!r} is not valid; use one of {list(_ORDERS)}.")
+        if opts.warm_start is not None and not (
+            isinstance(opts.warm_start, (int, float, np.number)) and math.isfinite(opts.warm_start)
+        ):
+            raise SolverError(f"warm_start must be a finite energy or None, got {opts.warm_start!r}.")
+        if opts.task_depth is not None and (
+            isinstance(opts.task_depth, bool)
+            or not isinstance(opts.task_depth, (int, np.integer))
+            or opts.task_depth < 0
+        ):
+            raise SolverError(f"task_depth must be an integer >= 0 or None, got {opts.task_depth!r}.")
+        if not (isinstance(opts.batch_seconds, (int, float)) and opts.batch_seconds > 0):
+            raise SolverError(f"batch_seconds must be > 0, got {opts.batch_seconds!r}.")
+        return opts
+
+    def run(self, problem: Problem, options: Any) -> SolverOutput:
+        return _enumerate(problem, options)
+
+
+def _side_arrays(problem: Problem, perm: np.ndarray, r: int) -> dict[str, Any]:
+    """Kind ids, caps, sizes and budget of the free blocks (in search order), net of the forced ones."""
+    q = problem.qubo
+    c = q.constraints
+    free = problem.free[perm]
+    n = len(free)
+    kinds = sorted(set(q.kinds))
+    kid = {k: i for i, k in enumerate(kinds)}
+    kind = np.array([kid[q.kinds[i]] for i in free], dtype=np.int64)
+    capk = np.full(len(kinds), _BIG_INT, dtype=np.int64)
+    for k, cap in c.caps.items():
+        if k in kid:
+            forced = sum(1 for i in c.force if q.kinds[i] == k)
+            capk[kid[k]] = cap - forced
+    size = np.asarray(q.sizes, dtype=np.int64)[free] if n else np.zeros(0, dtype=np.int64)
+    forced_params = int(np.asarray(q.sizes, dtype=np.int64)[list(c.force)].sum()) if c.force else 0
+    pmax = _BIG_INT if c.max_removed_params is None else np.int64(c.max_removed_params - forced_params)
+    pmin = -_BIG_INT if c.min_removed_params is None else np.int64(c.min_removed_params - forced_params)
+    minsum = np.full((n + 1, r + 1), _BIG_INT, dtype=np.int64)
+    maxsum = np.full((n + 1, r + 1), -_BIG_INT, dtype=np.int64)
+    avail = np.zeros((n + 1, len(kinds)), dtype=np.int64)
+    for s in range(n, -1, -1):
+        tail = np.sort(size[s:])
+        m = min(len(tail), r)
+        minsum[s, : m + 1] = np.concatenate([[0], np.cumsum(tail[:m])])
+        maxsum[s, : m + 1] = np.concatenate([[0], np.cumsum(tail[::-1][:m])])
+        if s < n:
+            avail[s] = avail[s + 1]
+            avail[s, kind[s]] += 1
+    return {
+        "kind": kind,
+        "capk": capk,
+        "size": size,
+        "pmin": np.int64(pmin),
+        "pmax": np.int64(pmax),
+        "minsum": minsum,
+        "maxsum": maxsum,
+        "avail": avail,
+    }
+
+
+def _choose_task_depth(n: int, r: int, dmax: int, requested: int | None) -> int:
+    if requested is not None:
+        return min(int(requested), dmax)
+    d = 0
+    # tasks are the prefixes of depth d: C(n - r + d, d) of them; aim for a few thousand
+    while d < dmax and math.comb(n - r + d + 1, d + 1) <= 6000:
+        d += 1
+    return d
+
+
+def _trivial(problem: Problem, r: int, n: int) -> SolverOutput:
+    Y = np.zeros((1, n), dtype=np.uint8)
+    Y[:, :r] = 1  # r == 0 or r == n: exactly one state
+    return SolverOutput(problem.expand(Y), exact=True, info={"states": 1, "nodes": 0, "pruned": 0, "threads": 1})
+
+
+def _enumerate(problem: Problem, opts: Any) -> SolverOutput:
+    n, r, K = problem.n_free, problem.r, problem.k
+    if r == 0 or r == n:
+        return _trivial(problem, r, n)
+    Q0 = np.asarray(problem.Q, dtype=np.float64)
+    perm = np.argsort(np.diag(Q0), kind="stable") if opts.order == "diagonal" else np.arange(n)
+    Q = np.ascontiguousarray(Q0[np.ix_(perm, perm)])
+    side = problem.has_side_constraints
+    nth = int(opts.threads) if opts.threads is not None else numba.get_num_threads()
+    fast = (not side) and r >= 3 and math.comb(n, 3) <= _MAX_PAIR_TABLE
+    use_bound = bool(opts.bound)
+    info: dict[str, Any] = {"threads": nth, "kernel": "fused" if fast else "generic", "order": opts.order}
+    if use_bound and n * (r + 1) * n > _MAX_BOUND_TABLE:
+        use_bound = False
+        info["bound_note"] = f"bound table for n={n}, M={r} too large; bound switched off"
+    info["bound"] = use_bound
+
+    # rounding slack: energies are sums of about r² terms; prune only beyond this margin
+    slack = 1e-9 * max(1.0, r * float(np.abs(Q).sum(1).max(initial=0.0)))
+    cap = np.inf
+    if opts.warm_start is not None:
+        cap = float(opts.warm_start) - problem.const + slack
+        info["warm_start"] = float(opts.warm_start)
+    if opts.seed_heuristic and not side:
+        seed_thr, _ = _seed_threshold(Q, r, K)
+        info["seed_threshold"] = float(seed_thr + problem.const) if np.isfinite(seed_thr) else None
+        cap = min(cap, float(seed_thr) + slack)
+
+    T = _bound_table(Q, r) if use_bound else np.zeros((1, 1, 1))
+    d0 = _choose_task_depth(n, r, (r - 3) if fast else (r - 1), opts.task_depth)
+    combos = list(itertools.combinations(range(n - r + d0), d0))
+    tasks = np.array(combos, dtype=np.int32).reshape(len(combos), d0)
+    ntasks = len(tasks)
+    info["task_depth"] = d0
+    info["tasks"] = ntasks
+
+    heap_e = np.full((nth, K), np.inf)
+    heap_s = np.zeros((nth, K, r), dtype=np.int32)
+    heap_n = np.zeros(nth * _PAD, dtype=np.int64)
+    thr = np.full(nth * _PAD, np.inf)
+    stats = np.zeros((nth, 4), dtype=np.int64)
+    counter = np.zeros(1, dtype=np.int64)
+    if fast:
+        pa, pb, QP, W, woff = _pair_tables(Q)
+    else:
+        sa = _side_arrays(problem, perm, r) if side else _side_arrays_none(n, r)
+
+    def run_batch(lo: int, hi: int) -> None:
+        counter[0] = 0
+        if fast:
+            _batch_fast(
+                Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth,
+                cap, slack, stats,
+            )  # fmt: skip
+        else:
+            _batch_generic(
+                Q, T, r, tasks, lo, hi, counter, use_bound, side, sa["kind"], sa["capk"], sa["size"], sa["pmin"],
+                sa["pmax"], sa["minsum"], sa["maxsum"], sa["avail"], heap_e, heap_s, heap_n, thr, nth, cap, slack,
+                stats,
+            )  # fmt: skip
+
+    done, interrupted, timed_out = 0, False, False
+    previous = numba.get_num_threads()
+    bar = None
+    if problem.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=ntasks, unit="task", desc=f"enumerate C({n},{r})", leave=False)
+    batch = min(ntasks, 2 * nth)
+    try:
+        numba.set_num_threads(nth)
+        while done < ntasks:
+            if problem.time_left() <= 0:
+                timed_out = True
+                break
+            hi = min(ntasks, done + batch)
+            t0 = time.perf_counter()
+            run_batch(done, hi)
+            dt = time.perf_counter() - t0
+            if bar is not None:
+                bar.update(hi - done)
+            step = hi - done
+            done = hi
+            budget = min(opts.batch_seconds, max(problem.time_left(), 1e-3))
+            rate = step / max(dt, 1e-6)
+            batch = int(min(max(rate * budget, nth), 4 * step + nth))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        numba.set_num_threads(previous)
+        if bar is not None:
+            bar.close()
+
+    # merge the per-thread heaps
+    counts = heap_n[::_PAD]
+    E = np.concatenate([heap_e[t, : counts[t]] for t in range(nth)])
+    S = np.concatenate([heap_s[t, : counts[t]] for t in range(nth)])
+    order = np.argsort(E, kind="stable")[:K]
+    E, S = E[order], S[order]
+    if opts.warm_start is not None:
+        keep = E + problem.const <= float(opts.warm_start) + slack
+        E, S = E[keep], S[keep]
+    Y = np.zeros((len(E), n), dtype=np.uint8)
+    if len(E):
+        Y[np.arange(len(E))[:, None], perm[S]] = 1
+    tot = stats.sum(0)
+    info.update(
+        nodes=int(tot[0]),
+        states=int(tot[1]),
+        pruned=int(tot[2]),
+        tasks_done=int(tot[3]),
+        interrupted=interrupted,
+        timed_out=timed_out,
+    )
+    if not len(E) and side:
+        info["hint"] = "no state satisfies the caps and the parameter budget together"
+    exact = not (interrupted or timed_out)
+    return SolverOutput(problem.expand(Y), exact=exact, info=info)
+
+
+def _side_arrays_none(n: int, r: int) -> dict[str, Any]:
+    """Neutral side-constraint arrays (no caps, no budget) of the types the generic kernel expects."""
+    return {
+        "kind": np.zeros(n, dtype=np.int64),
+        "capk": np.full(1, _BIG_INT, dtype=np.int64),
+        "size": np.zeros(n, dtype=np.int64),
+        "pmin": np.int64(-_BIG_INT),
+        "pmax": np.int64(_BIG_INT),
+        "minsum": np.zeros((n + 1, r + 1), dtype=np.int64),
+        "maxsum": np.zeros((n + 1, r + 1), dtype=np.int64),
+        "avail": np.zeros((n + 1, 1), dtype=np.int64),
+    }
