@@ -1,0 +1,72 @@
+"""Resumable accumulators: the estimator state is written after each batch, atomically.
+
+A checkpoint is one ``.npz`` file named by the run's key (model, data, estimator, loss, options):
+the accumulator arrays plus a JSON header with the key and the next batch to process. A run that
+finds a checkpoint with its own key continues from there; a finished run deletes it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_FORMAT = "cbo.hessian-checkpoint"
+
+
+def ensure_writable_dir(path: str | Path, purpose: str) -> Path:
+    """Create ``path`` if needed and check that files can be written there (CacheDirError otherwise)."""
+    from cbo.models import writable_dir
+
+    return writable_dir(path, purpose)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+class Checkpoint:
+    """The checkpoint file of one estimation run."""
+
+    def __init__(self, directory: str | Path, key: str) -> None:
+        self.dir = ensure_writable_dir(directory, "checkpoint")
+        self.key = key
+        self.path = self.dir / f"hessian-{key[:24]}.ckpt.npz"
+
+    def save(self, state: dict[str, np.ndarray], next_batch: int, info: dict[str, Any]) -> None:
+        header = {"format": _FORMAT, "key": self.key, "next_batch": int(next_batch), "info": info}
+        buf = io.BytesIO()
+        arrays = {f"state__{k}": np.asarray(v) for k, v in state.items()}
+        np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
+        atomic_write_bytes(self.path, buf.getvalue())
+
+    def load(self) -> tuple[dict[str, np.ndarray], int] | None:
+        """(state, next batch) of an unfinished run with this key, or None."""
+        if not self.path.exists():
+            return None
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                header = json.loads(bytes(z["__header__"]).decode())
+                state = {k[len("state__") :]: z[k].copy() for k in z.files if k.startswith("state__")}
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+            warnings.warn(f"ignoring unreadable checkpoint {str(self.path)!r} ({exc}); starting over.", stacklevel=3)
+            return None
+        if header.get("format") != _FORMAT or header.get("key") != self.key:
+            warnings.warn(f"checkpoint {str(self.path)!r} belongs to another run; starting over.", stacklevel=3)
+            return None
+        return state, int(header["next_batch"])
+
+    def delete(self) -> None:
+        if self.path.exists():
+            self.path.unlink()
