@@ -1,0 +1,100 @@
+"""Model names, the cache directory and loading."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cbo.data import check_tokenizer
+from cbo.errors import ModelError
+from cbo.models import (
+    DEFAULT_MODEL,
+    CacheDirError,
+    cbo_home,
+    default_model_dir,
+    load_model,
+    resolve_model,
+    writable_dir,
+)
+
+
+def _save_tiny(tiny_model, folder: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(128)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(folder)
+    tiny_model("llama", n_layers=2).save_pretrained(folder)
+    return folder
+
+
+def test_cbo_home_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("CBO_HOME", raising=False)
+    assert cbo_home() == Path.home() / ".cache" / "cbo"
+    monkeypatch.setenv("CBO_HOME", str(tmp_path))
+    assert cbo_home() == tmp_path
+    assert default_model_dir() == tmp_path / "models" / DEFAULT_MODEL
+
+
+def test_resolve_model(cbo_home, tmp_path, tiny_model):
+    with pytest.raises(ModelError, match="make setup"):
+        resolve_model(DEFAULT_MODEL)
+    folder = _save_tiny(tiny_model, tmp_path / "tiny")
+    assert resolve_model(folder) == str(folder)
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="no config.json"):
+        resolve_model(tmp_path / "empty")
+    for missing in ("./nowhere", "/no/such/model", "a/b/c"):
+        with pytest.raises(ModelError, match="does not exist"):
+            resolve_model(missing)
+
+
+def test_resolve_installed_default(cbo_home, tiny_model):
+    _save_tiny(tiny_model, cbo_home / "models" / DEFAULT_MODEL)
+    assert resolve_model(DEFAULT_MODEL) == str(cbo_home / "models" / DEFAULT_MODEL)
+
+
+def test_load_model_from_a_local_folder(tmp_path, tiny_model):
+    folder = _save_tiny(tiny_model, tmp_path / "tiny")
+    model, tokenizer = load_model(folder)
+    assert not model.training and type(model).__name__ == "LlamaForCausalLM"
+    assert next(model.parameters()).dtype == torch.float32
+    check_tokenizer(model, tokenizer)
+    assert tokenizer("w5 w7", add_special_tokens=False)["input_ids"] == [5, 7]
+    half, _ = load_model(folder, dtype=torch.bfloat16)
+    assert next(half.parameters()).dtype == torch.bfloat16
+
+
+def test_load_model_missing_default(cbo_home):
+    with pytest.raises(ModelError, match="cbo setup"):
+        load_model()
+
+
+def test_writable_dir(tmp_path):
+    assert writable_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(CacheDirError, match="not writable") as err:
+        writable_dir(blocker / "sub", "Hessian cache")
+    assert "Hessian cache" in str(err.value) and "CBO_HOME" in str(err.value)
+    assert isinstance(err.value, PermissionError)
+
+
+@pytest.mark.model
+def test_default_model_loads_quickly(default_model):
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(DEFAULT_MODEL)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 30  # about 1 s when the machine is idle
+    assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
+    check_tokenizer(model, tokenizer)
+    ids = tokenizer("Emma Woodhouse, handsome, clever, and rich", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        next_id = int(model(ids).logits[0, -1].argmax())
+    assert 0 <= next_id < 49152
