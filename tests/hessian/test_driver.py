@@ -1,0 +1,199 @@
+"""What estimate_hessian does around the estimators: resumable checkpoints, the on-disk cache, errors that name
+the bad value, and the registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from cbo.errors import CBOError, DataError
+from cbo.hessian import UnknownEstimatorError, estimate_hessian, names
+from cbo.hessian import base as hbase
+from cbo.hessian.checkpoint import Checkpoint
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _stop_after(batch):
+    def callback(b, state):
+        if b == batch:
+            raise Interrupt(f"stopped after batch {b}")
+
+    return callback
+
+
+@pytest.mark.parametrize(
+    "estimator, options",
+    [("fisher", {}), ("fisher", {"labels": "empirical"}), ("exact", {}), ("pairwise", {"couplings": "raw"})],
+)
+def test_interrupted_and_resumed_equals_uninterrupted(tiny_model, tiny_windows, tmp_path, estimator, options):
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=6, seq_len=10)
+    kw = dict(estimator=estimator, loss="ce", batch_size=2, progress=False, **options)
+    whole = estimate_hessian(model, None, windows, **kw)
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(Interrupt):
+        estimate_hessian(model, None, windows, checkpoint=ckpt, callback=_stop_after(1), **kw)
+    files = list(ckpt.glob("*.ckpt.npz"))
+    assert len(files) == 1
+    seen = []
+    resumed = estimate_hessian(model, None, windows, checkpoint=ckpt, callback=lambda b, s: seen.append(b), **kw)
+    assert seen == [2]  # only the third batch was computed again
+    assert resumed.metadata["resumed_from_batch"] == 2
+    np.testing.assert_array_equal(resumed.H, whole.H)
+    np.testing.assert_array_equal(resumed.g, whole.g)
+    assert resumed.metadata["forward_passes"] == whole.metadata["forward_passes"]
+    assert not list(ckpt.glob("*.ckpt.npz"))  # a finished run deletes its checkpoint
+
+
+def test_a_checkpoint_of_another_run_is_ignored(tiny_model, tiny_windows, tmp_path):
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=10)
+    kw = dict(estimator="fisher", batch_size=2, progress=False, checkpoint=tmp_path)
+    with pytest.raises(Interrupt):
+        estimate_hessian(model, None, windows, loss="kl", callback=_stop_after(0), **kw)
+    q = estimate_hessian(model, None, windows, loss="ce", **kw)  # other loss: other key, starts at 0
+    assert q.metadata["resumed_from_batch"] == 0
+    ck = Checkpoint(tmp_path, "x" * 64)
+    ck.path.write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="unreadable checkpoint"):
+        assert ck.load() is None
+
+
+def test_cache_returns_the_stored_qubo_and_keys_on_model_data_and_options(tiny_model, tiny_windows, tmp_path):
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=10)
+    kw = dict(estimator="fisher", loss="kl", batch_size=2, progress=False, cache_dir=tmp_path)
+    first = estimate_hessian(model, None, windows, **kw)
+    assert len(list(tmp_path.glob("*.cboq"))) == 1
+
+    def must_not_run(b, state):
+        raise AssertionError("the cached result should have been used")
+
+    again = estimate_hessian(model, None, windows, callback=must_not_run, **kw)
+    np.testing.assert_array_equal(again.H, first.H)
+    assert again.metadata == first.metadata
+    estimate_hessian(model, None, windows, samples=2, **kw)  # other options
+    estimate_hessian(model, None, windows[:2], **kw)  # other data
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.5)  # other weights, same config
+    estimate_hessian(model, None, windows, **kw)
+    assert len(list(tmp_path.glob("*.cboq"))) == 4
+
+
+def test_cache_dir_that_is_not_writable_is_a_clear_error(tiny_model, tiny_windows, tmp_path):
+    model = tiny_model("llama", n_layers=2)
+    windows = tiny_windows(model, n=2, seq_len=8)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(CBOError, match="not writable") as info:
+        estimate_hessian(model, None, windows, cache_dir=blocker / "cache", progress=False)
+    assert str(blocker) in str(info.value)
+    with pytest.raises(CBOError, match="checkpoint directory .* not writable"):
+        estimate_hessian(model, None, windows, checkpoint=blocker, progress=False)
+
+
+@pytest.mark.parametrize("estimator", ["fisher", "exact", "pairwise"])
+def test_non_finite_loss_names_the_batch(tiny_model, tiny_windows, estimator):
+    model = tiny_model("llama", n_layers=2)
+    windows = tiny_windows(model, n=6, seq_len=8) % 100 + 10  # ids 10..109
+    windows[3, 4] = 5  # only batch 1 (sequences 2-3) holds token 5
+    with torch.no_grad():
+        model.get_input_embeddings().weight[5] = float("nan")
+    with pytest.raises(DataError, match="batch 1 "):
+        estimate_hessian(model, None, windows, estimator=estimator, batch_size=2, progress=False)
+
+
+def test_bad_input_is_refused_with_the_valid_choices(tiny_model, tiny_windows):
+    model = tiny_model("llama", n_layers=2)
+    windows = tiny_windows(model, n=2, seq_len=8)
+    run = dict(progress=False)
+    with pytest.raises(UnknownEstimatorError, match="fisher"):
+        estimate_hessian(model, None, windows, estimator="newton", **run)
+    with pytest.raises(CBOError, match="unknown loss 'mse'"):
+        estimate_hessian(model, None, windows, loss="mse", **run)
+    with pytest.raises(CBOError, match=r"no option\(s\) \['lables'\]; valid options: \['labels', 'samples'\]"):
+        estimate_hessian(model, None, windows, lables="empirical", **run)
+    with pytest.raises(CBOError, match="'sampled' or 'empirical'"):
+        estimate_hessian(model, None, windows, labels="true", **run)
+    with pytest.raises(CBOError, match="couplings must be 'raw' or 'positive'"):
+        estimate_hessian(model, None, windows, estimator="pairwise", couplings="negative", **run)
+    with pytest.raises(CBOError, match="batch_size"):
+        estimate_hessian(model, None, windows, batch_size=0, **run)
+    with pytest.raises(DataError, match="shape"):
+        estimate_hessian(model, None, windows[0], **run)
+    with pytest.raises(DataError, match="integer"):
+        estimate_hessian(model, None, windows.float(), **run)
+    with pytest.raises(DataError, match="different tokenizer"):
+        estimate_hessian(model, None, windows + 1000, **run)
+    with pytest.raises(DataError, match="no calibration windows"):
+        estimate_hessian(model, None, None, **run)
+
+
+def test_nested_lists_and_token_splits_are_accepted(tiny_model, tiny_windows):
+    from cbo.data import TokenSplits
+
+    model = tiny_model("gpt2", n_layers=2)
+    windows = tiny_windows(model, n=2, seq_len=8)
+    a = estimate_hessian(model, None, windows.tolist(), labels="empirical", progress=False)
+    splits = TokenSplits(windows, windows[:1], windows[:1], {})
+    b = estimate_hessian(model, None, splits, labels="empirical", progress=False)
+    np.testing.assert_array_equal(a.H, b.H)
+
+
+def test_a_new_estimator_is_one_registered_class(tiny_model, tiny_windows):
+    @hbase.register
+    class DiagonalFisher(hbase.Estimator):
+        """A test-only variant: the diagonal of the empirical Fisher."""
+
+        name = "test-diagonal"
+
+        @dataclass
+        class Options:
+            damping: float = 0.0
+
+        def init_state(self):
+            return {"sq": np.zeros(len(self.run.blocks)), "count": np.zeros(())}
+
+        def accumulate(self, state, batch_index, tokens, tick):
+            from cbo.hessian.losses import ce_per_sequence
+
+            with torch.enable_grad(), self.run.gates.recording() as rec:
+                ce = ce_per_sequence(self.run.forward(tokens), tokens)
+                torch.autograd.grad(ce.sum(), self.run.gates.a)
+            state["sq"] += (rec.value.numpy() ** 2).sum(0)
+            state["count"] += tokens.shape[0]
+            tick()
+
+        def finalize(self, state):
+            T = self.run.seq_len - 1
+            return np.diag(T * state["sq"] / state["count"] + self.options.damping), np.zeros(len(state["sq"])), {}
+
+    try:
+        assert "test-diagonal" in names()
+        model = tiny_model("llama", n_layers=3)
+        windows = tiny_windows(model, n=4, seq_len=8)
+        q = estimate_hessian(model, None, windows, estimator="test-diagonal", progress=False, damping=0.5)
+        full = estimate_hessian(model, None, windows, labels="empirical", progress=False)
+        np.testing.assert_allclose(np.diag(q.H), np.diag(full.H) + 0.5, rtol=1e-6)
+        assert q.metadata["estimator"] == "test-diagonal" and q.metadata["options"] == {"damping": 0.5}
+    finally:
+        hbase._REGISTRY.pop("test-diagonal", None)
+
+
+def test_registry_lists_the_builtin_estimators():
+    assert {"fisher", "exact", "pairwise"} <= set(names())
+    info = hbase.describe()
+    assert "backward" in info["fisher"]["cost"] and info["pairwise"]["losses"] == "kl, ce"
+
+
+def test_progress_bar_runs(tiny_model, tiny_windows, capsys):
+    model = tiny_model("llama", n_layers=2)
+    windows = tiny_windows(model, n=2, seq_len=8)
+    estimate_hessian(model, None, windows, estimator="pairwise", progress=True)
+    assert "hessian[pairwise/kl]" in capsys.readouterr().err
