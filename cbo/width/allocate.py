@@ -244,6 +244,8 @@ def allocate(
     removed_units: dict[Key, list[int]] = {}
     removed_by_kind = {}
     for kind in KINDS:
+        if kind == "mlp":  # neurons are the fine-grained kind: they absorb the attention chunks' rounding
+            budget["mlp"] = min(cap["mlp"], max(0, target - removed_by_kind["attention"]))
         taken = _take(chunks[kind], budget[kind])
         removed_by_kind[kind] = sum(c.cost for c in taken)
         for c in taken:

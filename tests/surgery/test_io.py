@@ -1,0 +1,106 @@
+"""Saving and loading pruned models: per-layer widths, removed layers and zeroed sublayers reload exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import build_tiny_model, random_token_windows
+
+from cbo.errors import CorruptFileError
+from cbo.surgery.depth import remove_blocks, remove_sublayers
+from cbo.surgery.io import REMOTE_FILE, WIDTHS_KEY, load_pruned, save_pruned
+from cbo.surgery.width import WidthPlan, prune_width
+from cbo.width.structures import layer_widths
+
+
+def _width_plan(model) -> WidthPlan:
+    cfg = model.config
+    n = cfg.num_attention_heads
+    nkv = getattr(cfg, "num_key_value_heads", n)
+    g = n // nkv
+    inter = layer_widths(model)[0]["intermediate"]
+    plan = WidthPlan()
+    for i in range(cfg.num_hidden_layers):
+        if i % 2 == 0:  # drop the last KV group
+            kv = list(range(nkv - 1)) if nkv > 1 else [0]
+            plan.attention[i] = ([k * g + j for k in kv for j in range(g)], kv)
+        plan.mlp[i] = list(range(0, inter - 8 * (i + 1)))
+    return plan
+
+
+def _logits(model, windows):
+    with torch.no_grad():
+        return model(input_ids=windows).logits
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2", "gpt_neox"])
+@pytest.mark.parametrize("order", ["depth_then_width", "width_then_depth"])
+def test_save_load_identical(arch, order, tmp_path):
+    model = build_tiny_model(arch, n_layers=4)
+    windows = random_token_windows(model, n=2, seq_len=10)
+    if order == "depth_then_width":
+        pruned = remove_blocks(model, [1])
+        pruned = prune_width(pruned, _width_plan(pruned))
+    else:
+        pruned = prune_width(model, _width_plan(model))
+        pruned = remove_blocks(pruned, [1])
+    pruned = remove_sublayers(pruned, [(2, "mlp")])
+    folder = save_pruned(pruned, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    assert config[WIDTHS_KEY] == layer_widths(pruned)
+    assert config["cbo_removed_layers"] == [1]
+    assert config[WIDTHS_KEY][2]["intermediate"] == 0  # the zeroed MLP
+    loaded = load_pruned(folder)
+    assert layer_widths(loaded) == layer_widths(pruned)
+    assert torch.equal(_logits(loaded, windows), _logits(pruned, windows))
+    # the plain-transformers route (remote code that imports cbo)
+    import transformers as tf
+
+    plain = tf.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    assert torch.equal(_logits(plain, windows), _logits(pruned, windows))
+
+
+def test_uniform_widths_need_no_remote_code(tmp_path):
+    import transformers as tf
+
+    model = build_tiny_model("llama", n_layers=3)
+    pruned = remove_blocks(model, [0])
+    folder = save_pruned(pruned, tmp_path / "m")
+    assert not (folder / REMOTE_FILE).exists()
+    assert "auto_map" not in json.loads((folder / "config.json").read_text())
+    windows = random_token_windows(model, n=1, seq_len=8)
+    plain = tf.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert torch.equal(_logits(plain, windows), _logits(pruned, windows))
+    assert torch.equal(_logits(load_pruned(folder), windows), _logits(pruned, windows))
+
+
+def test_resave_of_a_loaded_model(tmp_path):
+    model = build_tiny_model("llama", n_layers=2)
+    pruned = prune_width(model, _width_plan(model))
+    first = load_pruned(save_pruned(pruned, tmp_path / "a"))
+    second = load_pruned(save_pruned(first, tmp_path / "b"))
+    windows = random_token_windows(model, n=1, seq_len=8)
+    assert torch.equal(_logits(second, windows), _logits(pruned, windows))
+
+
+def test_generation_after_reload(tmp_path):
+    model = build_tiny_model("llama", n_layers=3)
+    pruned = prune_width(remove_blocks(model, [2]), WidthPlan(attention={0: ([2, 3], [1])}, mlp={1: list(range(24))}))
+    loaded = load_pruned(save_pruned(pruned, tmp_path / "m"))
+    prompt = random_token_windows(model, n=1, seq_len=5)
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(loaded.generate(prompt, **kw), pruned.generate(prompt, **kw))
+
+
+def test_bad_folders(tmp_path):
+    with pytest.raises(CorruptFileError, match="no config.json"):
+        load_pruned(tmp_path)
+    model = build_tiny_model("llama", n_layers=2)
+    folder = save_pruned(prune_width(model, _width_plan(model)), tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config[WIDTHS_KEY][1]["intermediate"] = 16  # hand-edited: weights no longer fit
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CorruptFileError, match="do not match"):
+        load_pruned(folder)

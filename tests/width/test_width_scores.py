@@ -1,0 +1,223 @@
+"""Each width score equals its definition computed by hand (explicit slicing, own autograd calls)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_tiny_model, random_token_windows
+
+from cbo.errors import DataError
+from cbo.width.scores import UnknownScoreError, names, score_units
+
+D, G = 8, 2  # tiny Llama: head_dim 8, 4 query heads in 2 KV groups, MLP width 64
+
+
+def _llama_entries(model, layer: int, kind: str, unit: int, tensors: dict) -> list[torch.Tensor]:
+    """Per-matrix 1-D entries of one unit, sliced by hand from tensors shaped like the weights."""
+    p = f"model.layers.{layer}."
+    if kind == "mlp":
+        return [
+            tensors[p + "mlp.gate_proj.weight"][unit],
+            tensors[p + "mlp.up_proj.weight"][unit],
+            tensors[p + "mlp.down_proj.weight"][:, unit],
+        ]
+    q = slice(unit * G * D, (unit + 1) * G * D)
+    kv = slice(unit * D, (unit + 1) * D)
+    return [
+        tensors[p + "self_attn.q_proj.weight"][q].reshape(-1),
+        tensors[p + "self_attn.k_proj.weight"][kv].reshape(-1),
+        tensors[p + "self_attn.v_proj.weight"][kv].reshape(-1),
+        tensors[p + "self_attn.o_proj.weight"][:, q].T.reshape(-1),
+    ]
+
+
+def _weights(model) -> dict:
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def _mean_grads(model, windows, objective, batch_size: int) -> dict:
+    params = dict(model.named_parameters())
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    batches = [windows[i : i + batch_size] for i in range(0, len(windows), batch_size)]
+    for b in batches:
+        value = objective(model(input_ids=b).logits, b)
+        grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+        for (n, _), gr in zip(params.items(), grads):
+            if gr is not None:
+                total[n] += gr
+    return {n: t / len(batches) for n, t in total.items()}
+
+
+def _ce(logits, b):
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1))
+
+
+UNITS = [(0, "mlp", 0), (0, "mlp", 37), (1, "mlp", 63), (0, "attention", 0), (1, "attention", 1)]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = build_tiny_model("llama", n_layers=2)
+    return model, random_token_windows(model, n=4, seq_len=12)
+
+
+def test_registry_lists_the_builtins():
+    assert {"magnitude", "taylor", "afr", "ntk", "amp"} <= set(names())
+    with pytest.raises(UnknownScoreError, match="unknown width score 'wanda'"):
+        score_units(build_tiny_model("llama", n_layers=1), None, "wanda")
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_magnitude(llama, norm):
+    model, _ = llama
+    s = score_units(model, None, "magnitude", norm=norm)
+    w = _weights(model)
+    for layer, kind, u in UNITS:
+        e = torch.cat(_llama_entries(model, layer, kind, u, w))
+        expected = e.abs().sum() if norm == "l1" else e.pow(2).sum().sqrt()
+        assert s.values[(layer, kind)][u].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["absolute", "signed"])
+def test_taylor(llama, variant):
+    model, windows = llama
+    s = score_units(model, windows, "taylor", variant=variant, batch_size=2)
+    g = _mean_grads(model, windows, _ce, 2)
+    w = _weights(model)
+    prod = {n: w[n] * g[n] for n in w}
+    for layer, kind, u in UNITS:
+        e = torch.cat(_llama_entries(model, layer, kind, u, prod))
+        expected = e.abs().sum() if variant == "absolute" else -e.sum()
+        assert s.values[(layer, kind)][u].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("output", ["seqmax", "vocabmax", "loss"])
+def test_ntk(llama, output):
+    model, windows = llama
+
+    def f(logits, b):
+        if output == "seqmax":  # the reference code: max over the sequence, mean over batch and vocabulary
+            return logits.max(dim=1).values.mean()
+        if output == "vocabmax":
+            return logits.max(dim=-1).values.mean()
+        return _ce(logits, b)
+
+    s = score_units(model, windows, "ntk", output=output, batch_size=2)
+    g = _mean_grads(model, windows, f, 2)
+    w = _weights(model)
+    sal = {n: (w[n] * g[n]).abs() for n in w}
+    for layer, kind, u in UNITS:
+        expected = torch.cat(_llama_entries(model, layer, kind, u, sal)).sum()
+        assert s.values[(layer, kind)][u].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"power": False},
+        {"clip": False},
+        {"sign": False},
+        {"p": 0.3, "clip_percentiles": (5.0, 90.0)},
+    ],
+)
+def test_afr(llama, opts):
+    model, windows = llama
+    p = opts.get("p", 0.5)
+    lo, hi = opts.get("clip_percentiles", (1.0, 99.0))
+    s = score_units(model, windows, "afr", batch_size=2, **opts)
+    g = _mean_grads(model, windows, _ce, 2)
+    w = _weights(model)
+    transformed = {}
+    for n in w:
+        x = (-w[n] * g[n]).double().numpy()
+        if opts.get("power", True):
+            x = np.sign(x) * np.abs(x) ** p
+        if opts.get("clip", True):
+            x = np.clip(x, np.percentile(x, lo), np.percentile(x, hi))
+        transformed[n] = torch.from_numpy(x)
+    for layer, kind, u in UNITS:
+        e = torch.cat(_llama_entries(model, layer, kind, u, transformed))
+        expected = e.mean() if opts.get("sign", True) else e.abs().mean()
+        assert s.values[(layer, kind)][u].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-9)
+
+
+@pytest.mark.parametrize("head_norm", ["l2", "l1"])
+def test_amp(llama, head_norm):
+    model, windows = llama
+    s = score_units(model, windows, "amp", head_norm=head_norm, batch_size=3)
+    seen: dict[str, list] = {}
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        for name, mod in (("o", layer.self_attn.o_proj), ("down", layer.mlp.down_proj)):
+            handles.append(
+                mod.register_forward_hook(lambda m, a, o, k=f"{i}.{name}": seen.setdefault(k, []).append(a[0]))
+            )
+    with torch.no_grad():
+        model(input_ids=windows)
+    for h in handles:
+        h.remove()
+    for layer, kind, u in UNITS:
+        if kind == "mlp":
+            a = torch.cat(seen[f"{layer}.down"]).reshape(-1, 64)
+            expected = a[:, u].abs().mean()
+        else:
+            o = torch.cat(seen[f"{layer}.o"]).reshape(-1, 4, D)
+            per_head = o.norm(dim=-1) if head_norm == "l2" else o.abs().mean(-1)
+            expected = per_head[:, u * G : (u + 1) * G].mean(0).sum()
+        assert s.values[(layer, kind)][u].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_query_mode_units(llama):
+    model, windows = llama
+    group = score_units(model, windows, "amp", gqa="group")
+    query = score_units(model, windows, "amp", gqa="query")
+    assert query.values[(0, "attention")].shape == (4,)
+    torch.testing.assert_close(group.values[(0, "attention")], query.values[(0, "attention")].reshape(2, 2).sum(1))
+
+
+def test_gpt2_transposed_layout_by_hand():
+    model = build_tiny_model("gpt2", n_layers=1)  # 4 heads of 8, MLP width 128, Conv1D weights (in, out)
+    s = score_units(model, None, "magnitude")
+    blk = model.transformer.h[0]
+    h, H = 2, 32
+    c_attn, c_proj = blk.attn.c_attn.weight, blk.attn.c_proj.weight
+    cols = [slice(off + h * D, off + (h + 1) * D) for off in (0, H, 2 * H)]
+    expected = sum(c_attn[:, c].abs().sum() for c in cols) + c_proj[h * D : (h + 1) * D].abs().sum()
+    assert s.values[(0, "attention")][h].item() == pytest.approx(expected.item(), rel=1e-5)
+    u = 77
+    expected = blk.mlp.c_fc.weight[:, u].abs().sum() + blk.mlp.c_proj.weight[u].abs().sum()
+    assert s.values[(0, "mlp")][u].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("score", ["taylor", "ntk", "amp", "afr"])
+def test_hooks_and_gradient_switches_are_undone_even_on_error(score):
+    model = build_tiny_model("llama", n_layers=2)
+    model.model.embed_tokens.weight.requires_grad_(False)  # a user setting that must survive
+    bad = torch.full((2, 6), 10_000)  # token ids beyond the vocabulary: the forward pass fails
+    with pytest.raises((IndexError, RuntimeError)):
+        score_units(model, bad, score)
+    for m in model.modules():
+        assert not m._forward_pre_hooks and not m._forward_hooks
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    assert flags.pop("model.embed_tokens.weight") is False
+    assert all(flags.values())
+    assert all(p.grad is None for p in model.parameters())
+    windows = random_token_windows(model, n=2, seq_len=6)
+    score_units(model, windows, score)  # and it still works afterwards
+    assert all(not m._forward_pre_hooks for m in model.modules())
+
+
+def test_bad_inputs(llama):
+    model, windows = llama
+    with pytest.raises(DataError, match="needs calibration token windows"):
+        score_units(model, None, "ntk")
+    with pytest.raises(UnknownScoreError, match="no option"):
+        score_units(model, windows, "ntk", p=2)
+    from cbo.errors import CBOError
+
+    with pytest.raises(CBOError, match="NTK output"):
+        score_units(model, windows, "ntk", output="mean")
+    with pytest.raises(CBOError, match="clip percentiles"):
+        score_units(model, windows, "afr", clip_percentiles=(99.0, 1.0))
