@@ -124,13 +124,16 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
             hint = " (to use a string as text, pass it in a list: [text])" if isinstance(source, str) else ""
             raise DataError(f"text source {str(source)[:200]!r} is not an existing file or folder{hint}")
     elif _is_dataset(source):
-        columns = list(source.column_names) if not isinstance(source.column_names, dict) else []
-        if "text" not in columns:
+        names = source.column_names
+        if isinstance(names, dict):  # a DatasetDict: one entry per split
+            raise DataError(f"give one split of the dataset (e.g. ds['train']), not all of {sorted(names)}")
+        if names is not None and "text" not in list(names):
             raise DataError(
-                f"the dataset has no 'text' column (columns: {source.column_names}); "
-                "select a split (ds['train']) or rename the column holding the text to 'text'"
+                f"the dataset has no 'text' column (columns: {list(names)}); rename the column holding the text "
+                "to 'text' (ds.rename_column(name, 'text'))"
             )
-        docs = [(f"row{i}", str(t)) for i, t in enumerate(source["text"]) if t is not None]
+        texts = source["text"] if names is not None else (row.get("text") for row in source)  # iterable datasets
+        docs = [(f"row{i}", str(t)) for i, t in enumerate(texts) if t is not None]
     elif isinstance(source, Sequence) and not isinstance(source, (bytes, bytearray)):
         docs = []
         for i, item in enumerate(source):
@@ -407,7 +410,7 @@ def _describe(source: Any) -> str:
     if isinstance(source, (str, os.PathLike)):
         return str(source)
     if _is_dataset(source):
-        return f"dataset ({len(source)} rows)"
+        return f"dataset ({len(source) if hasattr(source, '__len__') else '?'} rows)"
     if isinstance(source, Iterable):
         return f"{type(source).__name__} of {len(source) if hasattr(source, '__len__') else '?'} texts"
     return type(source).__name__

@@ -64,6 +64,27 @@ def test_load_documents_from_python_objects():
     assert load_documents(_Dataset(["p", None, "q"])) == [("row0", "p"), ("row2", "q")]
 
 
+def test_dataset_dict_and_iterable_dataset():
+    class _DatasetDict(dict):
+        @property
+        def column_names(self):
+            return {k: v.column_names for k, v in self.items()}
+
+    with pytest.raises(DataError, match=r"ds\['train'\]"):
+        load_documents(_DatasetDict(train=_Dataset(["a"]), test=_Dataset(["b"])))
+
+    class _Iterable:
+        column_names = None
+
+        def __getitem__(self, key):
+            raise TypeError("not subscriptable")
+
+        def __iter__(self):
+            return iter([{"text": "first"}, {"text": "second"}])
+
+    assert load_documents(_Iterable()) == [("row0", "first"), ("row1", "second")]
+
+
 def test_same_stem_in_subfolders_keeps_names_distinct(tmp_path):
     for sub in ("x", "y"):
         (tmp_path / sub).mkdir()
