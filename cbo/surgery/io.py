@@ -156,7 +156,7 @@ def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kw
     except ModelError:
         widths = None  # a layout width pruning does not handle: nothing width-pruned to record
     model.save_pretrained(path, **kwargs)
-    if tokenizer is not None:
+    if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(path)
     config_file = path / "config.json"
     data = json.loads(config_file.read_text())

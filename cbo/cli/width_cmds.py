@@ -1,0 +1,171 @@
+"""`cbo compress` (depth and width pruning with a before/after report), `cbo widths`, `cbo width-scores`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cbo.cli import app
+from cbo.errors import CBOError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def _parse_options(pairs: list[str]) -> dict:
+    """``["p=0.3", "clip=false", "clip_percentiles=[5,95]"]`` -> typed dict (JSON values, else strings)."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise CBOError(f"score option {pair!r} must look like name=value")
+        key, value = pair.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def _report_table(report) -> Table:
+    table = Table(title="compression report (test split)")
+    table.add_column("")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_row("parameters", f"{report.params_before:,}", f"{report.params_after:,} (-{report.ratio:.1%})")
+    table.add_row("perplexity", f"{report.before['ppl']:.3f}", f"{report.after['ppl']:.3f}")
+    table.add_row("KL to original (nats/token)", "0", f"{report.after['kl']:.4f}")
+    table.add_row("next-token agreement", "1", f"{report.after['agreement']:.3f}")
+    if report.speed_before and report.speed_after:
+        for kind in ("prefill", "decode"):
+            b = report.speed_before[f"{kind}_tokens_per_s"]
+            a = report.speed_after[f"{kind}_tokens_per_s"]
+            table.add_row(f"{kind} tokens/s", f"{b:.1f}", f"{a:.1f} (x{a / b:.2f})")
+    return table
+
+
+@app.command()
+def compress(
+    model: str = typer.Argument("smollm2-135m", help="Model name or folder (default: the installed SmolLM2-135M)."),
+    ratio: float = typer.Option(0.3, "--ratio", "-r", help="Fraction of the parameters to remove, in (0, 1)."),
+    width: Optional[str] = typer.Option(
+        None, "--width", "-w", help="Width score: ntk (one-shot default), amp (MoP default), afr, taylor, magnitude."
+    ),
+    scheduler: str = typer.Option("oneshot", "--scheduler", "-s", help="oneshot or mop (Mixture of Pruners)."),
+    criterion: str = typer.Option("kl", "--criterion", help="MoP path criterion: cosine, kl, ppl, random."),
+    depth: str = typer.Option(
+        "none", "--depth", "-d", help="Depth part: none, cbo (QUBO), antepenultimate (MoP's rule)."
+    ),
+    depth_share: float = typer.Option(0.5, help="One-shot with depth: share of the budget removed as whole layers."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the compressed model and report.json here."),
+    text: Optional[str] = typer.Option(None, "--text", help="Text file/folder/.jsonl (default: the Austen novels)."),
+    seq_len: int = typer.Option(128, help="Tokens per window."),
+    n_calibration: int = typer.Option(32, help="Calibration windows."),
+    n_validation: int = typer.Option(16, help="Control windows (MoP criterion, calibration selection)."),
+    n_test: int = typer.Option(32, help="Held-out test windows for the report."),
+    gqa: str = typer.Option("group", help="Grouped-query units: group (whole KV groups) or query (heads per group)."),
+    gamma: Optional[float] = typer.Option(None, help="MLP-vs-attention pruning ratio (default: parameter ratio)."),
+    round_to: int = typer.Option(8, help="Kept MLP widths are multiples of this."),
+    select_calibration: int = typer.Option(0, help="One-shot: candidate calibration batches for KL selection."),
+    recovery_steps: int = typer.Option(0, help="MoP: recovery fine-tune steps per candidate."),
+    final_recovery_steps: int = typer.Option(0, help="MoP: recovery fine-tune steps at the end."),
+    recovery: str = typer.Option("lora", help="Recovery fine-tune: lora (peft) or full."),
+    option: list[str] = typer.Option([], "--option", help="Score option name=value (repeatable), e.g. p=0.3."),
+    batch_size: int = typer.Option(4, help="Windows per forward pass."),
+    speed: bool = typer.Option(True, "--speed/--no-speed", help="Measure prefill/decode tokens/s before and after."),
+    seed: int = typer.Option(0, help="Seed (data windows, random criterion, recovery)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
+) -> None:
+    """Compress a model by width (and optionally depth) pruning; print parameters, PPL, KL and speed."""
+    from cbo.width.compress import compress as run
+
+    try:
+        report = run(
+            model,
+            None,
+            text,
+            ratio=ratio,
+            depth=depth,
+            width=width,
+            scheduler=scheduler,
+            criterion=criterion,
+            depth_share=depth_share,
+            gqa=gqa,
+            gamma=gamma,
+            round_to=round_to,
+            score_options=_parse_options(option),
+            select_calibration=select_calibration,
+            recovery_steps=recovery_steps,
+            final_recovery_steps=final_recovery_steps,
+            recovery=recovery,
+            seq_len=seq_len,
+            n_calibration=n_calibration,
+            n_validation=n_validation,
+            n_test=n_test,
+            batch_size=batch_size,
+            measure_speed=speed,
+            out=out,
+            seed=seed,
+            progress=True,
+        )
+    except CBOError as exc:
+        _fail(exc)
+    console.print(report.summary().splitlines()[0])
+    console.print(_report_table(report))
+    if report.removed_layers:
+        console.print(f"removed layers (original indices): {report.removed_layers}")
+    if report.path:
+        console.print("MoP path: " + "".join("D" if p["chosen"] == "depth" else "W" for p in report.path))
+    if out is not None:
+        console.print(f"saved to {out} (load with cbo.load_pruned)")
+    if json_out is not None:
+        report.save(json_out)
+
+
+@app.command()
+def widths(folder: Path = typer.Argument(..., help="A saved (pruned) model folder.")) -> None:
+    """Per-layer head counts and MLP widths of a saved model."""
+    from cbo.surgery.io import load_pruned
+    from cbo.width.structures import layer_widths
+
+    try:
+        model = load_pruned(folder)
+        rows = layer_widths(model)
+    except CBOError as exc:
+        _fail(exc)
+    removed = getattr(model.config, "cbo_removed_layers", None) or []
+    original = getattr(model.config, "cbo_original_layers", None) or list(range(len(rows)))
+    table = Table(title=f"{folder} ({len(rows)} layers; removed: {removed or 'none'})")
+    for col in ("layer", "original", "heads", "kv heads", "head dim", "MLP width"):
+        table.add_column(col, justify="right")
+    for i, w in enumerate(rows):
+        table.add_row(
+            str(i), str(original[i]), str(w["heads"]), str(w["kv_heads"]), str(w["head_dim"]), str(w["intermediate"])
+        )
+    console.print(table)
+
+
+@app.command("width-scores")
+def width_scores() -> None:
+    """List the registered width scores and their options."""
+    import dataclasses
+
+    from cbo.width.scores import get, names
+
+    table = Table(title="width scores")
+    for col in ("name", "aliases", "options", "description"):
+        table.add_column(col)
+    for name in names():
+        cls = get(name)
+        opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls.Options))
+        table.add_row(name, ", ".join(cls.aliases), opts, cls.description)
+    console.print(table)
