@@ -17,6 +17,7 @@ def _register() -> None:
     # each module adds its commands to `app` on import
     from cbo.cli import qubo_cmds  # noqa: F401
     from cbo.cli import setup_cmds  # noqa: F401
+    from cbo.cli import model_cmds  # noqa: F401
     from cbo.cli import width_cmds  # noqa: F401
 
 

@@ -1,0 +1,179 @@
+"""`cbo hessian` and `cbo prune`: commands on real models and text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+from cbo.cli import app
+from cbo.errors import CBOError
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+MODEL_HELP = "'smollm2-135m' (the default, installed by `cbo setup`), a local Hugging Face folder, or a hub id."
+TEXT_HELP = "Text: a file, a folder of .txt files, or a .jsonl; default: the six Austen novels."
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def _options(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE is parsed as JSON when it can be (numbers, true/false), else kept as text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise CBOError(f"--option takes KEY=VALUE, got {item!r}.")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def _blocks(spec: Optional[str]) -> list[int | str]:
+    """'0,29' or 'layers.0,layers.29' -> [0, 29] / names."""
+    if not spec:
+        return []
+    return [int(p) if p.strip().lstrip("-").isdigit() else p.strip() for p in spec.split(",") if p.strip()]
+
+
+def _say(quiet: bool, message: str) -> None:
+    if not quiet:
+        err_console.print(message)
+
+
+@app.command()
+def hessian(
+    model: str = typer.Argument("smollm2-135m", help=MODEL_HELP),
+    output: Path = typer.Option(..., "--output", "-o", help="QUBO file to write (.cboq)."),
+    text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
+    estimator: str = typer.Option("fisher", "--estimator", "-e", help="fisher | exact | pairwise (see the docs)."),
+    loss: str = typer.Option("kl", "--loss", help="kl (to the original) or ce (next-token cross-entropy)."),
+    granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
+    n_calibration: int = typer.Option(32, help="Calibration windows."),
+    seq_len: int = typer.Option(128, help="Tokens per window."),
+    batch_size: int = typer.Option(8, help="Windows per forward pass."),
+    seed: int = typer.Option(0, help="Seed for window choice and label sampling."),
+    option: list[str] = typer.Option([], "--option", help="Estimator option KEY=VALUE, e.g. samples=4."),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse/store Hessians under CBO_HOME/cache."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Estimate the block-removal QUBO of a model on calibration text and save it (for `cbo solve`)."""
+    from cbo.data import make_splits
+    from cbo.hessian import estimate_hessian
+    from cbo.models import load_model
+    from cbo.pipeline import _default_cache_dir
+
+    try:
+        opts = _options(option)
+        _say(quiet, f"loading {model} ...")
+        m, tok = load_model(model)
+        _say(quiet, "cutting calibration windows ...")
+        splits = make_splits(
+            tok, text, seq_len=seq_len, n_calibration=n_calibration, n_validation=0, n_test=0, seed=seed, model=m
+        )
+        qubo = estimate_hessian(
+            m,
+            tok,
+            splits.calibration,
+            estimator=estimator,
+            loss=loss,
+            granularity=granularity,
+            batch_size=batch_size,
+            seed=seed,
+            cache_dir=_default_cache_dir() if cache else None,
+            progress=not quiet,
+            **opts,
+        )
+        qubo.metadata["data"] = {k: splits.info.get(k) for k in ("source", "documents", "split_by")}
+        qubo.save(output)
+    except CBOError as exc:
+        _fail(exc)
+    md = qubo.metadata
+    lin = qubo.linear
+    order = lin.argsort()
+    console.print(
+        f"wrote {output}: {qubo.n} {md['granularity']} blocks, {md['estimator']}/{md['loss']}, "
+        f"{md['n_tokens']} tokens, {md['wall_time_s']:.1f} s"
+    )
+    console.print(
+        "cheapest single removals: "
+        + ", ".join(f"{qubo.names[i]} ({lin[i]:.3g})" for i in order[: min(5, qubo.n)])
+        + f"; most expensive: {qubo.names[order[-1]]} ({lin[order[-1]]:.3g})"
+    )
+
+
+@app.command()
+def prune(
+    model: str = typer.Argument("smollm2-135m", help=MODEL_HELP),
+    remove: int = typer.Option(8, "--remove", "-m", help="M, the number of blocks to remove."),
+    top: int = typer.Option(10, "--top", "-k", help="How many low-energy states to rank."),
+    validate: int = typer.Option(5, "--validate", "-v", help="How many of them to measure on validation text."),
+    text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
+    estimator: str = typer.Option("fisher", "--estimator", "-e", help="fisher | exact | pairwise."),
+    loss: str = typer.Option("kl", "--loss", help="kl or ce."),
+    solver: str = typer.Option("auto", "--solver", "-s", help="Solver name; see `cbo solvers`."),
+    method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (e.g. block_influence)."),
+    granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
+    keep: Optional[str] = typer.Option(None, "--keep", help="Blocks never removed, e.g. '0,29'."),
+    n_calibration: int = typer.Option(32, help="Calibration windows."),
+    n_validation: int = typer.Option(32, help="Validation windows."),
+    seq_len: int = typer.Option(128, help="Tokens per window."),
+    batch_size: int = typer.Option(8, help="Windows per forward pass."),
+    seed: int = typer.Option(0, help="Seed for windows, label sampling and randomized solvers."),
+    option: list[str] = typer.Option([], "--option", help="Estimator option KEY=VALUE, e.g. couplings=raw."),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse/store Hessians under CBO_HOME/cache."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Save the pruned model, tokenizer and report.json here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Remove M blocks chosen by constrained binary optimization; validate the top states and keep the best."""
+    from cbo.pipeline import prune_depth
+
+    try:
+        opts = _options(option)
+        _say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
+        report = prune_depth(
+            model,
+            None,
+            text,
+            remove=remove,
+            estimator=estimator,
+            loss=loss,
+            solver=solver,
+            top_k=top,
+            validate=validate,
+            granularity=granularity,
+            method=method,
+            keep=_blocks(keep) or None,
+            seed=seed,
+            cache_dir=cache,
+            n_calibration=n_calibration,
+            n_validation=n_validation,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            estimator_options=opts,
+            progress=not quiet,
+        )
+        if out is not None:
+            report.save_model(out)
+    except CBOError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=1))
+    else:
+        report.print(console)
+        t = report.timings
+        console.print(
+            "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if k != "total") + f" (total {t['total']:.1f}s)"
+        )
+        if out is not None:
+            console.print(f"saved the pruned model and report.json to {out}")

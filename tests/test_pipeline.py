@@ -1,0 +1,258 @@
+"""prune_depth end to end on tiny models (and once on the real default model)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from importlib.machinery import ModuleSpec
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cbo.data import TokenSplits
+from cbo.errors import CBOError, InfeasibleError
+from cbo.pipeline import DepthReport, prune_depth
+from cbo.surgery.depth import remove_blocks
+
+SOLVE = dict(solver="enumerate", progress=False, cache_dir=None)
+
+
+def _splits(model, tiny_windows, n_cal=4, n_val=4, seq_len=16):
+    return TokenSplits(
+        tiny_windows(model, n=n_cal, seq_len=seq_len, seed=1),
+        tiny_windows(model, n=n_val, seq_len=seq_len, seed=2),
+        tiny_windows(model, n=1, seq_len=seq_len, seed=3),
+        {"source": "random"},
+    )
+
+
+def _kl_and_ppl(model, pruned, windows):
+    """Independent measurement: mean KL(original || pruned) per position and perplexity."""
+    with torch.no_grad():
+        p = F.log_softmax(model(windows).logits.double(), -1)
+        q = F.log_softmax(pruned(windows).logits.double(), -1)
+    kl = float((p.exp() * (p - q)).sum(-1).mean())
+    nll = float(F.nll_loss(q[:, :-1].reshape(-1, q.shape[-1]), windows[:, 1:].reshape(-1)))
+    return kl, float(np.exp(nll))
+
+
+def test_prune_depth_validates_the_top_states_and_returns_the_best_pruned_model(tiny_model, tiny_windows, tmp_path):
+    model = tiny_model("llama", n_layers=6)
+    splits = _splits(model, tiny_windows)
+    report = prune_depth(model, None, splits=splits, remove=2, top_k=6, validate=4, **SOLVE)
+    assert isinstance(report, DepthReport)
+    assert len(report.states) == 6 and report.states.remove == 2
+    assert [v.rank for v in report.validation] == [0, 1, 2, 3]
+    for v in report.validation:  # validation numbers equal an independent measurement on the surgically pruned model
+        kl, ppl = _kl_and_ppl(model, remove_blocks(model, v.removed), splits.validation)
+        assert v.kl == pytest.approx(kl, rel=1e-4, abs=1e-7)
+        assert v.ppl == pytest.approx(ppl, rel=1e-4)
+        assert v.removed == report.states.removed(v.rank)
+    best = min(report.validation, key=lambda v: v.kl)
+    assert report.chosen_rank == best.rank and report.chosen_blocks == best.removed
+    assert report.chosen_names == [f"layers.{i}" for i in best.removed]
+    pruned = report.pruned_model
+    assert pruned is not model and pruned.config.num_hidden_layers == 4
+    assert len(model.model.layers) == 6  # the original is untouched
+    assert report.pruned_metrics["kl"] == pytest.approx(best.kl)
+    assert report.original_metrics["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert report.pruned_metrics["n_params"] < report.original_metrics["n_params"]
+    assert report.qubo.metadata["estimator"] == "fisher" and report.qubo.metadata["loss"] == "kl"
+    assert {"hessian", "solve", "validate", "prune", "total"} <= set(report.timings)
+
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["chosen"]["removed"] == best.removed and len(data["validation"]) == 4
+    out = report.save_model(tmp_path / "out")
+    assert (out / "report.json").exists() and (out / "qubo.cboq").exists() and (out / "config.json").exists()
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(splits.test).logits, pruned(splits.test).logits)
+
+
+def test_validate_zero_chooses_the_ground_state(tiny_model, tiny_windows):
+    model = tiny_model("qwen2", n_layers=5)
+    report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=2, top_k=3, validate=0, **SOLVE)
+    assert report.validation == []
+    assert report.chosen_rank == 0 and report.chosen_blocks == report.states.removed(0)
+    assert report.pruned_metrics["kl"] > 0  # the chosen model is still evaluated
+
+
+def test_keep_is_respected_and_names_work(tiny_model, tiny_windows):
+    model = tiny_model("gpt2", n_layers=5)
+    splits = _splits(model, tiny_windows)
+    report = prune_depth(model, None, splits=splits, remove=3, keep=[0, "layers.4"], top_k=4, validate=2, **SOLVE)
+    assert report.options["keep"] == [0, 4]
+    for s in report.states:
+        assert not {0, 4} & set(s.removed)
+    assert report.chosen_blocks == [1, 2, 3]
+
+
+def test_sublayer_granularity_removes_halves(tiny_model, tiny_windows):
+    model = tiny_model("gemma3", n_layers=3)
+    report = prune_depth(
+        model, None, splits=_splits(model, tiny_windows), remove=2, granularity="sublayer", top_k=3, validate=2, **SOLVE
+    )
+    assert report.n_blocks == 6 and len(report.chosen_names) == 2
+    assert all(n.endswith((".attn", ".mlp")) for n in report.chosen_names)
+    assert report.pruned_metrics["n_params"] < report.original_metrics["n_params"]
+
+
+def test_pipeline_from_text_with_a_tokenizer_and_the_hessian_cache(tiny_model, char_tokenizer, tmp_path):
+    model = tiny_model("llama", n_layers=4, vocab_size=len(char_tokenizer))
+    words = "the of and to a in that it was her his she he you not be had for with as".split()
+    rng = np.random.default_rng(0)
+    docs = [" ".join(rng.choice(words, 400)) for _ in range(4)]
+    kw = dict(remove=1, top_k=3, validate=2, n_calibration=3, n_validation=3, seq_len=24, solver="enumerate")
+    first = prune_depth(model, char_tokenizer, docs, cache_dir=tmp_path, progress=False, **kw)
+    assert len(list(tmp_path.glob("*.cboq"))) == 1
+    again = prune_depth(model, char_tokenizer, docs, cache_dir=tmp_path, progress=False, **kw)
+    np.testing.assert_array_equal(again.qubo.H, first.qubo.H)
+    assert again.chosen_blocks == first.chosen_blocks
+    assert first.data_info["windows"]["calibration"] == 3
+
+
+def test_bad_requests_are_refused(tiny_model, tiny_windows):
+    model = tiny_model("llama", n_layers=4)
+    splits = _splits(model, tiny_windows)
+    for remove, keep in ((0, None), (4, None), (-1, None), (3, [0, 1])):
+        with pytest.raises(InfeasibleError, match=f"remove={remove} is out of range"):
+            prune_depth(model, None, splits=splits, remove=remove, keep=keep, **SOLVE)
+    with pytest.raises(InfeasibleError, match="out of range"):
+        prune_depth(model, None, splits=splits, remove=1, keep=[7], **SOLVE)
+    with pytest.raises(CBOError, match=r"unknown method 'magic'; valid methods: \['cbo'"):
+        prune_depth(model, None, splits=splits, remove=1, method="magic", **SOLVE)
+    with pytest.raises(CBOError, match="validate must be"):
+        prune_depth(model, None, splits=splits, remove=1, validate=-1, **SOLVE)
+    with pytest.raises(CBOError, match="tokenizer is needed"):
+        prune_depth(model, None, remove=1, **SOLVE)
+
+
+def test_other_methods_dispatch_to_the_baselines_module(tiny_model, tiny_windows, monkeypatch):
+    calls = []
+    fake = types.ModuleType("cbo.baselines")
+    fake.__spec__ = ModuleSpec("cbo.baselines", None)
+    fake.METHODS = ["block_influence"]
+
+    def select_blocks(method, model, splits, remove):
+        calls.append((method, remove))
+        return [3, 1]
+
+    fake.select_blocks = select_blocks
+    monkeypatch.setitem(sys.modules, "cbo.baselines", fake)
+    model = tiny_model("llama", n_layers=5)
+    report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=2, method="block_influence", **SOLVE)
+    assert calls == [("block_influence", 2)]
+    assert report.chosen_blocks == [1, 3] and report.qubo is None and report.states is None
+    assert report.validation[0].rank is None and report.pruned_model.config.num_hidden_layers == 3
+    from rich.console import Console
+
+    console = Console(record=True, width=160)
+    report.print(console)
+    assert "block_influence" in console.export_text()
+
+
+def test_report_table_marks_the_choice(tiny_model, tiny_windows):
+    from rich.console import Console
+
+    model = tiny_model("llama", n_layers=4)
+    report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=1, top_k=4, validate=2, **SOLVE)
+    console = Console(record=True, width=160)
+    report.print(console)
+    text = console.export_text()
+    assert "chosen" in text and "val KL" in text and "rank" in text
+    assert "remove 1 of 4" in text
+    assert "DepthReport(" in repr(report)
+
+
+@pytest.mark.model
+def test_prune_depth_on_the_default_model(default_model, default_text, tmp_path):
+    model, tokenizer = default_model
+    report = prune_depth(
+        model,
+        tokenizer,
+        default_text,
+        remove=4,
+        top_k=5,
+        validate=2,
+        n_calibration=8,
+        n_validation=8,
+        seq_len=64,
+        solver="enumerate",
+        cache_dir=tmp_path,
+        progress=False,
+    )
+    assert report.n_blocks == 30
+    assert report.pruned_model.config.num_hidden_layers == 26
+    assert len(report.pruned_model.model.layers) == 26
+    assert np.isfinite(report.pruned_metrics["kl"]) and report.pruned_metrics["kl"] > 0
+    assert all(np.isfinite(v.kl) for v in report.validation)
+    assert report.qubo.metadata["n_tokens"] == 8 * 64
+    assert model.config.num_hidden_layers == 30  # the caller's model is untouched
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
+
+
+def _model_folder(tmp_path, tiny_model):
+    """A tiny Llama with a word-level Hugging Face tokenizer, saved as a model folder, and a text folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
+    model = tiny_model("llama", n_layers=4, vocab_size=len(vocab))
+    folder = tmp_path / "tiny-model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    text = tmp_path / "text"
+    text.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        (text / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, 300)))
+    return folder, text
+
+
+def test_cli_hessian_and_prune(tiny_model, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from cbo.cli import _register, app
+    from cbo.qubo import BlockQUBO
+
+    monkeypatch.setenv("CBO_HOME", str(tmp_path / "home"))
+    _register()
+    folder, text = _model_folder(tmp_path, tiny_model)
+    runner = CliRunner()
+    small = ["--text", str(text), "--seq-len", "16", "--n-calibration", "3"]
+    qfile = tmp_path / "q.cboq"
+    res = runner.invoke(app, ["hessian", str(folder), "-o", str(qfile), "--option", "labels=empirical", "-q", *small])
+    assert res.exit_code == 0, res.output
+    q = BlockQUBO.load(qfile)
+    assert q.n == 4 and q.metadata["options"]["labels"] == "empirical" and "wrote" in res.output
+
+    out = tmp_path / "pruned"
+    args = ["prune", str(folder), "--remove", "2", "--top", "4", "--validate", "2", "--solver", "enumerate"]
+    res = runner.invoke(app, [*args, "--keep", "0", "--n-validation", "3", "--out", str(out), "-q", *small])
+    assert res.exit_code == 0, res.output
+    assert "chosen" in res.output and "val KL" in res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["remove"] == 2 and 0 not in report["chosen"]["removed"]
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
+
+    res = runner.invoke(app, [*args, "--n-validation", "3", "--json", "-q", *small])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["format"] == "cbo.depthreport"
+
+    res = runner.invoke(app, [*args, "--remove", "9", "-q", *small])
+    assert res.exit_code == 2 and "remove=9 is out of range" in " ".join(res.output.split())
+    res = runner.invoke(app, ["prune", str(tmp_path / "missing"), "-q"])
+    assert res.exit_code == 2 and "does not exist" in " ".join(res.output.split())
