@@ -93,6 +93,16 @@ def _lm_loss(model: Any, batch: Any) -> Any:
     )
 
 
+@torch.no_grad()
+def lm_loss_of(model: Any, windows: Any, batch_size: int = 4) -> float:
+    """Mean next-token loss of ``model`` on ``windows`` (eval mode)."""
+    device = next(model.parameters()).device
+    losses = [
+        float(_lm_loss(model, windows[i : i + batch_size].to(device))) for i in range(0, windows.shape[0], batch_size)
+    ]
+    return sum(losses) / len(losses)
+
+
 def _lora_targets(model: Any) -> list[str]:
     from cbo.width.structures import model_structures
 

@@ -221,3 +221,18 @@ def test_bad_inputs(llama):
         score_units(model, windows, "ntk", output="mean")
     with pytest.raises(CBOError, match="clip percentiles"):
         score_units(model, windows, "afr", clip_percentiles=(99.0, 1.0))
+
+
+def test_variants_share_the_calibration_passes(llama):
+    from cbo.width.scores import score_variants
+
+    model, windows = llama
+    variants = [{}, {"power": False}, {"clip": False}, {"sign": False}]
+    together = score_variants(model, windows, "afr", variants, batch_size=2)
+    for v, got in zip(variants, together):
+        alone = score_units(model, windows, "afr", batch_size=2, **v)
+        for key in alone.values:
+            torch.testing.assert_close(got.values[key], alone.values[key])
+        assert got.options == alone.options
+    with pytest.raises(UnknownScoreError, match="change the calibration passes"):
+        score_variants(model, windows, "ntk", [{}, {"output": "loss"}])

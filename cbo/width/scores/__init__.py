@@ -10,6 +10,7 @@ from cbo.width.scores.base import (
     names,
     register,
     score_units,
+    score_variants,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "names",
     "register",
     "score_units",
+    "score_variants",
 ]

@@ -70,6 +70,7 @@ class AFRScore(GradientScore):
     name = "afr"
     aliases = ("afr-structured",)
     description = "signed Taylor, power transform + percentile clipping + sign-preserving mean per unit"
+    finalize_options = ("p", "power", "clip", "clip_percentiles", "sign")
 
     @dataclass
     class Options:

@@ -59,6 +59,8 @@ class WidthScore:
     aliases: ClassVar[tuple[str, ...]] = ()
     description: ClassVar[str] = ""
     needs_data: ClassVar[bool] = True
+    # options that only change finalize(): score_variants may vary them over one set of calibration passes
+    finalize_options: ClassVar[tuple[str, ...]] = ()
 
     @dataclass
     class Options:
@@ -166,10 +168,54 @@ def score_units(
         **options: fields of the score's ``Options`` dataclass.
 
     Example:
-        >>> s = score_units(model, windows, "afr", p=0.5, clip=(1.0, 99.0))   # doctest: +SKIP
+        >>> s = score_units(model, windows, "afr", p=0.5, clip_percentiles=(1.0, 99.0))   # doctest: +SKIP
+    """
+    return score_variants(
+        model,
+        windows,
+        score,
+        [options],
+        kinds=kinds,
+        gqa=gqa,
+        batch_size=batch_size,
+        structures=structures,
+        progress=progress,
+    )[0]
+
+
+def score_variants(
+    model: Any,
+    windows: Any,
+    score: str,
+    variants: list[dict[str, Any]],
+    *,
+    kinds: tuple[str, ...] = KINDS,
+    gqa: str = "group",
+    batch_size: int = 4,
+    structures: ModelStructures | None = None,
+    progress: bool = False,
+) -> list[UnitScores]:
+    """Several option sets of one score over a single set of calibration passes (ablations).
+
+    The first variant's options drive the passes; the others may differ only in the score's
+    ``finalize_options`` (e.g. AFR's ``p``, ``power``, ``clip``, ``sign``; Taylor's ``variant``).
+
+    Example:
+        >>> full, no_clip = score_variants(model, windows, "afr", [{}, {"clip": False}])   # doctest: +SKIP
     """
     cls = get(score)
-    opts = cls.make_options(options)
+    if not variants:
+        raise UnknownScoreError("score_variants needs at least one option set")
+    opts = [cls.make_options(dict(v)) for v in variants]
+    first = dataclasses.asdict(opts[0])
+    for o in opts[1:]:
+        changed = {k for k, v in dataclasses.asdict(o).items() if first[k] != v}
+        fixed = sorted(changed - set(cls.finalize_options))
+        if fixed:
+            raise UnknownScoreError(
+                f"variants of {cls.name!r} may differ only in {list(cls.finalize_options) or 'nothing'}; "
+                f"{fixed} change the calibration passes (score them separately)"
+            )
     structs = structures if structures is not None else model_structures(model, kinds)
     units = {(s.layer, s.kind): units_of(s, gqa) for s in structs.all(kinds)}
     if not units:
@@ -183,7 +229,8 @@ def score_units(
         raise DataError(f"batch_size must be >= 1, got {batch_size}")
     was_training = model.training
     model.eval()
-    scorer = cls(model, structs, units, opts)
+    scorer = cls(model, structs, units, opts[0])
+    results = []
     try:
         scorer.attach()
         if cls.needs_data:
@@ -196,14 +243,17 @@ def score_units(
             for batch in batches:
                 scorer.accumulate(batch.to(device))
                 scorer.n_batches += 1
-        values = scorer.finalize()
+        for o in opts:
+            scorer.options = o
+            values = scorer.finalize()
+            for key, v in values.items():
+                if not torch.isfinite(v).all():
+                    raise DataError(f"width score {cls.name!r} produced non-finite values for layer {key[0]} {key[1]}")
+            results.append(UnitScores(cls.name, gqa, values, units, structs, dataclasses.asdict(o)))
     finally:
         scorer.remove()
         model.train(was_training)
-    for key, v in values.items():
-        if not torch.isfinite(v).all():
-            raise DataError(f"width score {cls.name!r} produced non-finite values for layer {key[0]} {key[1]}")
-    return UnitScores(cls.name, gqa, values, units, structs, dataclasses.asdict(opts))
+    return results
 
 
 class GradientScore(WidthScore):

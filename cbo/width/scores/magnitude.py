@@ -16,6 +16,7 @@ class MagnitudeScore(WidthScore):
     name = "magnitude"
     aliases = ("mag", "l1")
     description = "norm of the unit's weights; data-free baseline"
+    finalize_options = ("norm",)
     needs_data = False
 
     @dataclass

@@ -22,6 +22,7 @@ class TaylorScore(GradientScore):
     name = "taylor"
     aliases = ("taylor1",)
     description = "first-order Taylor w·dL/dw of the LM loss, summed per unit (absolute or signed)"
+    finalize_options = ("variant",)
 
     @dataclass
     class Options:

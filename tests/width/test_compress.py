@@ -1,0 +1,81 @@
+"""compress(): one-shot and MoP end to end on a tiny model, the report, saving, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import CharTokenizer, build_tiny_model
+
+from cbo.errors import CBOError, DataError, InfeasibleError
+from cbo.evaluate import count_parameters
+from cbo.surgery.io import load_pruned
+from cbo.width.compress import compress
+
+TEXT = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife. "
+    * 12,
+    "However little known the feelings or views of such a man may be on his first entering a neighbourhood. " * 12,
+    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition, seemed to unite. " * 12,
+]
+SMALL = dict(
+    seq_len=24, n_calibration=6, n_validation=3, n_test=3, speed_options=dict(prompt_len=8, new_tokens=2, repeats=1)
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model("llama", n_layers=6, vocab_size=260)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(width="afr", depth="antepenultimate", depth_share=0.5),
+        dict(width="amp", select_calibration=2, gqa="query"),
+        dict(scheduler="mop", criterion="kl"),
+    ],
+)
+def test_compress_reports_and_saves(model, kw, tmp_path):
+    before = count_parameters(model)
+    r = compress(model, CharTokenizer(), TEXT, ratio=0.3, out=tmp_path / "m", **SMALL, **kw)
+    assert count_parameters(model) == before  # the input model is not modified
+    assert r.params_before == before and r.params_after == count_parameters(r.model)
+    layer = before / 8  # about one layer's parameters (6 layers + embeddings)
+    assert abs((r.params_before - r.params_after) - r.target_params) <= layer
+    assert r.after["ppl"] > 0 and r.after["kl"] >= 0 and 0 <= r.after["agreement"] <= 1
+    assert r.before["kl"] == 0.0 and r.speed_before and r.speed_after and r.speedup("decode") > 0
+    assert len(r.widths) == 6 - len(r.removed_layers)
+    if kw.get("depth") == "antepenultimate":
+        assert r.removed_layers and max(r.removed_layers) == 3  # the layer just before the last two
+    if kw.get("select_calibration"):
+        assert r.calibration["index"] in (0, 1) and len(r.calibration["kl"]) == 2
+    if kw.get("scheduler") == "mop":
+        assert r.path and "MoP path" in r.summary()
+    saved = json.loads((tmp_path / "m" / "report.json").read_text())
+    assert saved["params_after"] == r.params_after and saved["settings"]["ratio"] == 0.3
+    x = torch.randint(0, 260, (1, 10))
+    assert torch.equal(load_pruned(tmp_path / "m")(input_ids=x).logits, r.model(input_ids=x).logits)
+    assert "held-out ppl" in r.summary()
+
+
+def test_compress_bad_input(model):
+    with pytest.raises(InfeasibleError, match=r"ratio must be in \(0, 1\)"):
+        compress(model, CharTokenizer(), TEXT, ratio=1.5)
+    with pytest.raises(CBOError, match="unknown scheduler"):
+        compress(model, CharTokenizer(), TEXT, scheduler="greedy")
+    with pytest.raises(CBOError, match="unknown depth method"):
+        compress(model, CharTokenizer(), TEXT, depth="random")
+    with pytest.raises(DataError, match="needs a tokenizer"):
+        compress(model, None, TEXT)
+    with pytest.raises(InfeasibleError, match="leave a layer empty"):
+        compress(
+            model,
+            CharTokenizer(),
+            TEXT,
+            ratio=0.95,
+            measure_speed=False,
+            **{k: v for k, v in SMALL.items() if k != "speed_options"},
+        )
