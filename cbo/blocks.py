@@ -63,9 +63,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "qwen2": _LLAMA,
     "qwen3": _LLAMA,
     "gemma": _LLAMA,
-    "phi3": ArchSpec(
-        "model.layers", "self_attn", "mlp", "self_attn", "mlp", ("input_layernorm",), ("post_attention_layernorm",)
-    ),
+    "phi3": _LLAMA,
     "gemma2": _GEMMA,
     "gemma3_text": _GEMMA,
     "gemma3": ArchSpec(
@@ -77,13 +75,34 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         _GEMMA.attn_norms,
         _GEMMA.mlp_norms,
     ),
+    "olmo2": ArchSpec(
+        "model.layers",
+        "self_attn",
+        "mlp",
+        "post_attention_layernorm",
+        "post_feedforward_layernorm",
+        ("post_attention_layernorm",),
+        ("post_feedforward_layernorm",),
+    ),
     "gpt2": ArchSpec("transformer.h", "attn", "mlp", "attn", "mlp", ("ln_1",), ("ln_2",)),
     "gpt_neox": ArchSpec(
         "gpt_neox.layers", "attention", "mlp", "attention", "mlp", ("input_layernorm",), ("post_attention_layernorm",)
     ),
 }
 
-SUPPORTED = ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Gemma 2", "Gemma 3", "Phi-3", "GPT-2", "GPT-NeoX")
+SUPPORTED = (
+    "Llama",
+    "Mistral",
+    "Qwen2",
+    "Qwen3",
+    "Gemma",
+    "Gemma 2",
+    "Gemma 3",
+    "Phi-3",
+    "OLMo 2",
+    "GPT-2",
+    "GPT-NeoX",
+)
 
 
 @dataclass(frozen=True)
@@ -233,7 +252,7 @@ def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
     """The removable blocks of ``model`` in forward order.
 
     Args:
-        model: a Hugging Face causal LM (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, GPT-2, GPT-NeoX) or any
+        model: a Hugging Face causal LM (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, OLMo 2, GPT-2, GPT-NeoX) or any
             model whose decoder layers are one ``nn.ModuleList`` of identical residual blocks.
         granularity: ``"layer"`` (one block per decoder layer) or ``"sublayer"`` (attention and MLP halves,
             ``2 * n_layers`` blocks ordered ``layers.0.attn, layers.0.mlp, layers.1.attn, ...``).

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2", "gpt_neox")
+EXTRA_ARCHS = ("gemma", "gemma2", "phi3", "olmo2")  # also supported; built on request, not in `any_arch`
 TINY_VOCAB = 128
 
 
@@ -62,8 +63,16 @@ def _config(arch: str, n_layers: int, **overrides):
             num_attention_heads=4,
             max_position_embeddings=128,
         )
+    elif arch == "gemma":
+        cfg = tf.GemmaConfig(**common, **llama_like, head_dim=8)
+    elif arch == "gemma2":
+        cfg = tf.Gemma2Config(**common, **llama_like, head_dim=8, query_pre_attn_scalar=8, sliding_window=8)
+    elif arch == "phi3":
+        cfg = tf.Phi3Config(**common, **llama_like, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    elif arch == "olmo2":
+        cfg = tf.Olmo2Config(**common, **llama_like, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     else:
-        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {TINY_ARCHS}")
+        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {TINY_ARCHS + EXTRA_ARCHS}")
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg

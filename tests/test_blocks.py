@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import EXTRA_ARCHS
 from torch import nn
 
 from cbo.blocks import (
@@ -73,6 +74,12 @@ def test_sublayer_branches_sum_to_the_layer_update(tiny_model, tiny_windows, any
     update = branch_tensor(seen["h_out"]) - seen["h_in"]
     torch.testing.assert_close(update, seen["attn"] + seen["mlp"], atol=1e-5, rtol=1e-5)
     assert seen["attn"].abs().max() > 0 and seen["mlp"].abs().max() > 0
+
+
+@pytest.mark.parametrize("arch", EXTRA_ARCHS)
+def test_more_architectures(tiny_model, tiny_windows, arch):
+    test_sublayer_blocks_partition_the_layer(tiny_model, arch)
+    test_sublayer_branches_sum_to_the_layer_update(tiny_model, tiny_windows, arch)
 
 
 def test_gemma3_branches_are_the_post_norms(tiny_model):

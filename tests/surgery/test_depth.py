@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 import transformers
+from conftest import EXTRA_ARCHS
 
 from cbo.blocks import decoder_layers, find_blocks, layer_parts, with_branch_tensor
 from cbo.errors import ModelError
@@ -106,6 +107,26 @@ def test_save_reload_identical_and_generates_with_cache(tiny_model, tiny_windows
     generated = reloaded.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert generated.shape == (1, 11)
     assert torch.equal(generated, _greedy_without_cache(reloaded, prompt, 5))
+
+
+@pytest.mark.parametrize("arch", EXTRA_ARCHS)
+def test_more_architectures(tiny_model, tiny_windows, arch, tmp_path):
+    model = tiny_model(arch, n_layers=4)
+    x = tiny_windows(model, n=2, seq_len=12)
+    hooks = _skip_layers_by_hooks(model, [1]) + _zero_branches_by_hooks(model, [(0, "attn"), (2, "mlp")])
+    try:
+        expected = _logits(model, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    pruned = remove_sublayers(remove_blocks(model, [1]), [(0, "attn"), (1, "mlp")])
+    torch.testing.assert_close(_logits(pruned, x), expected, atol=1e-5, rtol=1e-5)
+    pruned.save_pretrained(tmp_path)
+    reloaded = load_pruned_depth(tmp_path)
+    assert torch.equal(_logits(reloaded, x), _logits(pruned, x))
+    prompt = x[:1, :6]
+    generated = reloaded.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(generated, _greedy_without_cache(reloaded, prompt, 4))
 
 
 def test_repeated_removal_tracks_original_indices(tiny_model):
