@@ -360,8 +360,12 @@ def make_splits(
             )
         total = len(stream) // seq_len
         n_wanted = sum(wanted.values())
-        # each split gets a region proportional to its request (at least one window), windows sampled inside
-        shares = {s: max(1, wanted[s] * total // n_wanted) if wanted[s] else 0 for s in SPLITS}
+        # each split gets one window, then a share of the rest proportional to its request; windows are
+        # sampled inside each region
+        rest = total - len(active)
+        shares = {s: (1 + wanted[s] * rest // n_wanted) if wanted[s] else 0 for s in SPLITS}
+        for s in sorted(active, key=lambda s: -wanted[s])[: total - sum(shares.values())]:
+            shares[s] += 1  # windows left over by rounding go to the largest requests
         streams, names, start = {}, {}, 0
         for s in SPLITS:
             streams[s] = stream[start * seq_len : (start + shares[s]) * seq_len]

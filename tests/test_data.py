@@ -185,6 +185,15 @@ def test_single_document_falls_back_to_contiguous_regions(char_tokenizer):
     assert regions["calibration"][1] <= regions["validation"][0] and regions["validation"][1] <= regions["test"][0]
 
 
+def test_contiguous_regions_with_skewed_requests(char_tokenizer):
+    text = _text(1, 60)  # 200-250 tokens: 4 windows of 50
+    with pytest.warns(UserWarning, match="not enough text"):
+        splits = make_splits(
+            char_tokenizer, [text], seq_len=50, n_calibration=100, n_validation=1, n_test=1, split_by="contiguous"
+        )
+    assert [splits[s].shape[0] for s in ("calibration", "validation", "test")] == [2, 1, 1]
+
+
 def test_too_little_text_says_how_much(char_tokenizer):
     with pytest.raises(DataError, match=r"has 11 tokens but needs at least 192"):
         with warnings.catch_warnings():
