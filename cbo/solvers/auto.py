@@ -1,0 +1,133 @@
+"""``solver="auto"``: exact enumeration when it fits the time budget, else the swap annealer.
+
+The feasible space has C(n_free, r) states. Full enumeration visits them at roughly
+``GPU_RATE`` states/s on a data-centre GPU and ``CPU_RATE_PER_THREAD`` per CPU thread (the CPU
+enumerator's lower bound usually prunes most of them, so the CPU estimate is conservative). If the
+estimate fits the budget (the call's ``time_limit``, else ``budget`` seconds), the exact enumerator
+runs — on the GPU when one is usable and no caps/parameter budget apply — otherwise ``swap-sa``.
+The choice and the reason are recorded in ``info["auto_choice"]`` / ``info["auto_reason"]``, and
+the result's solver name reads e.g. ``"auto→enumerate"``.
+
+Between the two, when full enumeration would take up to ``ATTEMPT_FACTOR`` times the budget, the
+CPU enumerator (whose lower bound often prunes most of the space at small M) is tried for the
+budget; if it does not finish, swap-sa runs as well and the states of both are merged (inexact).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from cbo.errors import SolverError
+from cbo.solvers.base import Problem, Solver, SolverOutput, get, register
+
+GPU_RATE = 2e10
+CPU_RATE_PER_THREAD = 4e8
+ATTEMPT_FACTOR = 100.0
+
+
+def plan_choice(problem: Problem, budget: float, use_gpu: bool = True) -> tuple[str, str, float]:
+    """(choice, reason, estimated full-enumeration seconds) for a problem and a time budget.
+
+    choice is ``"enumerate-gpu"`` or ``"enumerate"`` when full enumeration fits the budget,
+    ``"attempt"`` when it does not but is within ``ATTEMPT_FACTOR`` of it (the CPU enumerator's lower
+    bound often prunes enough: try it for the budget, fall back to swap-sa), else ``"swap-sa"``.
+    """
+    n, r = problem.n_free, problem.r
+    states = math.comb(n, r)
+    gpu_ok = False
+    gpu_reason = "GPU not considered"
+    if use_gpu:
+        gpu_ok, gpu_reason = get("enumerate-gpu").availability()
+        gpu_reason = gpu_reason.split(";")[0]
+        if gpu_ok and problem.has_side_constraints:
+            gpu_ok, gpu_reason = False, "caps/parameter budget need the CPU enumerator"
+        if gpu_ok and n > 128:
+            gpu_ok, gpu_reason = False, "more than 128 free blocks"
+    space = f"C({n},{r}) = {states:.3g} states"
+    if gpu_ok:
+        est = states / GPU_RATE
+        if est <= budget:
+            return "enumerate-gpu", f"{space}, about {est:.3g} s on the GPU, within the {budget:.3g} s budget", est
+    threads = os.cpu_count() or 1
+    est = states / (CPU_RATE_PER_THREAD * threads)
+    cpu = f"{est:.3g} s to enumerate fully on {threads} CPU thread(s)"
+    nogpu = "" if gpu_ok or not use_gpu else f" (no GPU: {gpu_reason})"
+    if est <= budget:
+        return "enumerate", f"{space}, at most {cpu}, within the {budget:.3g} s budget{nogpu}", est
+    if est <= ATTEMPT_FACTOR * budget:
+        return (
+            "attempt",
+            f"{space}, up to {cpu}; the bounded CPU enumerator gets the {budget:.3g} s budget{nogpu}",
+            est,
+        )
+    return "swap-sa", f"{space} would take {cpu}, far over the {budget:.3g} s budget{nogpu}; heuristic", est
+
+
+@register
+class AutoSolver(Solver):
+    """Pick exact enumeration (GPU if usable) when it fits the time budget, else swap-sa."""
+
+    name = "auto"
+    aliases = ()
+    exact = False
+    description = "exact enumeration when it fits the time budget (GPU if available), else swap-sa"
+    battery_options: ClassVar[dict] = {}
+    battery_max_n: ClassVar[int] = 16
+
+    @dataclass
+    class Options:
+        """Settings of the automatic choice.
+
+        Attributes:
+            budget: seconds enumeration may take when ``solve`` gets no time_limit.
+            use_gpu: consider the GPU enumerator.
+        """
+
+        budget: float = 10.0
+        use_gpu: bool = True
+
+    def run(self, problem: Problem, options: Options) -> SolverOutput:
+        if not (options.budget and options.budget > 0):
+            raise SolverError(f"budget must be > 0 seconds, got {options.budget!r}.")
+        limited = problem.time_limit is not None
+        budget = problem.time_left() if limited else float(options.budget)
+        choice, reason, est = plan_choice(problem, budget, bool(options.use_gpu))
+        extra: dict[str, Any] = {}
+        if choice == "attempt":
+            # leave part of a user time limit for the fallback
+            sub = replace(problem, time_limit=problem.elapsed() + (0.7 * budget if limited else budget))
+            out = _run("enumerate", sub)
+            extra["auto_attempt_seconds"] = sub.elapsed()
+            if out.exact:
+                choice, reason = "enumerate", reason + f"; it finished in {sub.elapsed():.3g} s (exact)"
+            else:
+                fallback = _run("swap-sa", problem)
+                reason += "; it did not finish, so swap-sa ran too and the states of both are merged"
+                out = SolverOutput(
+                    np.concatenate([out.candidates, fallback.candidates]),
+                    exact=False,
+                    info={**fallback.info, "enumerate_info": out.info},
+                )
+                choice = "swap-sa"
+        else:
+            if not get(choice).availability()[0]:  # e.g. the GPU went away after the check
+                choice, reason = "swap-sa", f"{choice} became unavailable; heuristic"
+            out = _run(choice, problem)
+        info: dict[str, Any] = dict(out.info)
+        inner = info.pop("solver_name", choice)
+        info.update(extra)
+        info["auto_choice"] = choice
+        info["auto_reason"] = reason
+        info["auto_estimate_seconds"] = est
+        info["solver_name"] = f"auto→{inner}"
+        return SolverOutput(out.candidates, exact=out.exact, info=info)
+
+
+def _run(name: str, problem: Problem) -> SolverOutput:
+    cls = get(name)
+    return cls().run(problem, cls.make_options({}))
