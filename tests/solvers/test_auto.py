@@ -1,0 +1,85 @@
+"""solver="auto": the choice between exact enumeration and the swap annealer, and its record."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference import brute_force_topk
+
+import cbo.solvers.auto as auto
+from cbo import BlockQUBO, solve
+from cbo.errors import SolverError
+from cbo.instances import random_block_qubo
+from cbo.solvers.base import Problem, SolverOutput
+
+
+def test_small_problem_is_enumerated_exactly_and_recorded():
+    q = random_block_qubo(12, 0)
+    _, E = brute_force_topk(q, 4, 10)
+    res = solve(q, 4, k=10, seed=0)  # "auto" is the default
+    assert res.solver.startswith("auto→enumerate")
+    assert res.exact
+    assert res.info["auto_choice"] in ("enumerate", "enumerate-gpu")
+    assert "C(12,4)" in res.info["auto_reason"]
+    np.testing.assert_allclose(res.energies, E, atol=1e-9)
+
+
+def test_huge_space_uses_the_swap_annealer():
+    q = random_block_qubo(80, 0)
+    res = solve(q, 32, "auto", k=5, seed=0)
+    assert res.solver == "auto→swap-sa" and not res.exact
+    assert res.info["auto_choice"] == "swap-sa"
+    assert "over the" in res.info["auto_reason"]
+
+
+def test_time_limit_is_the_budget():
+    p = Problem(random_block_qubo(40, 0), 12, 5, 0, None)
+    assert auto.plan_choice(p, budget=1e6)[0] == "enumerate"
+    assert auto.plan_choice(p, budget=1e-3)[0] in ("attempt", "swap-sa")
+
+
+def test_gpu_preferred_when_usable_but_not_with_caps(monkeypatch):
+    gpu = auto.get("enumerate-gpu")
+    monkeypatch.setattr(gpu, "availability", classmethod(lambda cls: (True, "ok (fake)")))
+    p = Problem(random_block_qubo(30, 0), 6, 5, 0, None)
+    assert auto.plan_choice(p, budget=10.0)[0] == "enumerate-gpu"
+    base = random_block_qubo(30, 0)
+    capped = BlockQUBO(base.H, kinds=["a", "b"] * 15, caps={"a": 2})
+    choice, reason, _ = auto.plan_choice(Problem(capped, 6, 5, 0, None), budget=10.0)
+    assert choice == "enumerate"
+    assert auto.plan_choice(p, budget=10.0, use_gpu=False)[0] == "enumerate"
+
+
+def test_attempt_that_finishes_is_exact(monkeypatch):
+    monkeypatch.setattr(auto, "CPU_RATE_PER_THREAD", 1.0)  # pretend full enumeration is slow
+    q = random_block_qubo(14, 1)
+    _, E = brute_force_topk(q, 5, 5)
+    res = solve(q, 5, "auto", k=5, seed=0, budget=30.0)
+    assert res.info["auto_choice"] == "enumerate" and res.exact
+    assert "finished" in res.info["auto_reason"]
+    np.testing.assert_allclose(res.energies, E, atol=1e-9)
+
+
+def test_attempt_that_does_not_finish_falls_back_and_merges(monkeypatch):
+    monkeypatch.setattr(auto, "CPU_RATE_PER_THREAD", 1.0)
+    real_run = auto._run
+
+    def fake_run(name, problem):
+        out = real_run(name, problem)
+        if name == "enumerate":  # an enumerator stopped by the budget: one state, inexact
+            return SolverOutput(out.candidates[:1], exact=False, info={"timed_out": True})
+        return out
+
+    monkeypatch.setattr(auto, "_run", fake_run)
+    q = random_block_qubo(14, 2)
+    _, E = brute_force_topk(q, 5, 5)
+    res = solve(q, 5, "auto", k=5, seed=0, budget=30.0)
+    assert res.info["auto_choice"] == "swap-sa" and not res.exact
+    assert "did not finish" in res.info["auto_reason"]
+    assert res.info["enumerate_info"] == {"timed_out": True}
+    np.testing.assert_allclose(res.energies, E, atol=1e-9)
+
+
+def test_bad_budget():
+    with pytest.raises(SolverError, match="budget"):
+        solve(random_block_qubo(6, 0), 2, "auto", k=2, budget=0)
