@@ -1,0 +1,38 @@
+"""The solver benchmark's quick run: it completes, writes its table, and the exact solvers agree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_benchmark_runs_and_writes_json_and_markdown(tmp_path):
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "solvers.py"), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    wall = time.perf_counter() - t
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "solvers.json").read_text())
+    md = (tmp_path / "solvers.md").read_text()
+    assert "| instance | reference | solver |" in md
+    assert data["meta"]["quick"] and len(data["instances"]) == 3
+    for inst in data["instances"]:
+        assert inst["reference"]["kind"] == "exact"
+        rows = {r["solver"]: r for r in inst["rows"]}
+        for name in ("enumerate", "swap-sa", "swap-tabu"):
+            assert rows[name]["status"] == "ok"
+            assert rows[name]["gap"] == 0 and rows[name]["recall"] == 1.0
+        assert rows["auto"]["result_solver"].startswith("auto→")
+        for row in inst["rows"]:
+            if row["status"] == "ok":
+                assert row["gap"] >= -1e-9  # nobody beats the exact reference
+    assert wall < 120, f"the quick benchmark took {wall:.0f} s"
