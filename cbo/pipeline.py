@@ -535,3 +535,12 @@ def prune_depth(
             "requested_solver": solver,
         },
     )
+
+
+def __getattr__(name: str) -> Any:
+    # the width pipeline lives with the width modules; it is part of the end-to-end API here
+    if name == "compress":
+        from cbo.width.compress import compress
+
+        return compress
+    raise AttributeError(f"module 'cbo.pipeline' has no attribute {name!r}")
