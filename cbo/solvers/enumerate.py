@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
 import numba
 import numpy as np
@@ -53,13 +54,13 @@ from cbo.solvers.base import Problem, Solver, SolverOutput, register
 # Per-thread slots in shared arrays are this many entries apart, so that threads updating their own
 # slot do not share a cache line.
 _PAD = 8
-# Triangle chunk scanned by the vectorized counting loop.
-_CHUNK = 128
 # Largest pair table (C(n, 3) doubles) the fused kernel may allocate; larger n use the generic kernel.
 _MAX_PAIR_TABLE = 8_000_000
 # Largest bound table (n * (r + 1) * n doubles); above it the bound is switched off.
 _MAX_BOUND_TABLE = 32_000_000
 _BIG_INT = np.int64(2**62)
+# How often the caller checks the time limit while the search runs in its worker thread.
+_POLL_SECONDS = 0.02
 
 _ORDERS = ("diagonal", "natural")
 
@@ -85,7 +86,7 @@ def _cnt2(m):
     return (m * (m - 1)) // 2
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", _nrt=False)
 def _threshold(thr, nth, cap):
     """The pruning threshold: the smallest K-th best over all threads, or the seeded cap."""
     m = cap
@@ -96,59 +97,59 @@ def _threshold(thr, nth, cap):
     return m
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _push(heap_e, heap_s, heap_n, thr, tid, e, cur):
     """Offer a state (energy ``e``, removed indices ``cur``) to thread ``tid``'s max-heap of size K."""
     K = heap_e.shape[1]
-    he = heap_e[tid]
-    hs = heap_s[tid]
+    r = heap_s.shape[2]
     nh = heap_n[tid * _PAD]
     if nh < K:
         i = nh
         while i > 0:
             p = (i - 1) // 2
-            if he[p] >= e:
+            if heap_e[tid, p] >= e:
                 break
-            he[i] = he[p]
-            hs[i, :] = hs[p, :]
+            heap_e[tid, i] = heap_e[tid, p]
+            for q in range(r):
+                heap_s[tid, i, q] = heap_s[tid, p, q]
             i = p
-        he[i] = e
-        hs[i, :] = cur
         nh += 1
         heap_n[tid * _PAD] = nh
-        if nh == K:
-            thr[tid * _PAD] = he[0]
-        return
-    if e >= he[0]:
-        return
-    i = 0
-    while True:
-        left = 2 * i + 1
-        if left >= K:
-            break
-        ch = left
-        if left + 1 < K and he[left + 1] > he[left]:
-            ch = left + 1
-        if he[ch] <= e:
-            break
-        he[i] = he[ch]
-        hs[i, :] = hs[ch, :]
-        i = ch
-    he[i] = e
-    hs[i, :] = cur
-    thr[tid * _PAD] = he[0]
+    else:
+        if e >= heap_e[tid, 0]:
+            return
+        i = 0
+        while True:
+            left = 2 * i + 1
+            if left >= K:
+                break
+            ch = left
+            if left + 1 < K and heap_e[tid, left + 1] > heap_e[tid, left]:
+                ch = left + 1
+            if heap_e[tid, ch] <= e:
+                break
+            heap_e[tid, i] = heap_e[tid, ch]
+            for q in range(r):
+                heap_s[tid, i, q] = heap_s[tid, ch, q]
+            i = ch
+    heap_e[tid, i] = e
+    for q in range(r):
+        heap_s[tid, i, q] = cur[q]
+    if nh == K:
+        thr[tid * _PAD] = heap_e[tid, 0]
 
 
-@njit(cache=True)
-def _suffix_bounds(f, e, trow, s, n, rho, out, hbuf):
-    """``out[c] = e + sum of the rho smallest f_j + trow[j] over j >= c`` for c in [s, n - rho].
+@njit(cache=True, _nrt=False)
+def _suffix_bounds(F, row, e, T, s, rho, n, S, srow, hbuf):
+    """``S[srow, c] = e + sum of the rho smallest F[row, j] + T[s, rho, j] over j >= c``, c in [s, n − rho].
 
-    A right-to-left scan keeping the rho smallest values in a max-heap (``hbuf``).
+    A right-to-left scan keeping the rho smallest values in a max-heap (``hbuf``). Rows are passed
+    by index: array views would cost reference counting in the hot loop.
     """
     size = 0
     total = 0.0
     for j in range(n - 1, s - 1, -1):
-        v = f[j] + trow[j]
+        v = F[row, j] + T[s, rho, j]
         if size < rho:
             i = size
             while i > 0:
@@ -176,7 +177,7 @@ def _suffix_bounds(f, e, trow, s, n, rho, out, hbuf):
                 i = ch
             hbuf[i] = v
         if size == rho:
-            out[j] = e + total
+            S[srow, j] = e + total
 
 
 # --------------------------------------------------------------------------------------- tables
@@ -330,38 +331,59 @@ def _seed_threshold(Q, r, K):
 
 
 # --------------------------------------------------------------------------------------- fast kernel
-@njit(cache=True, fastmath={"nsz", "arcp", "contract"})
-def _fused_node(
-    Q, F, E, S, L, s, r, n, T, QP, W, woff, pa, pb, PE, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
-    cur, hbuf, stats,
-):  # fmt: skip
-    """A node with three blocks left: scan every state below it through the pair triangle."""
-    f = F[L]
-    e = E[L]
+# The search functions run without reference counting (``_nrt=False``: they allocate nothing), which
+# would otherwise cost atomic increments of every array argument on every call. Vectorized loops
+# index with unsigned integers: a signed index carries a negative-index check that blocks SIMD.
+_FM = {"nsz", "arcp", "contract"}
+
+
+@njit(cache=True, fastmath=_FM, _nrt=False)
+def _pair_energies(F, row, s, n, QP, out):
+    """``out[k] = f_a + f_b + Q_ab`` (f = F[row]) for every pair k of the triangle with a ≥ s."""
     for a in range(s, n - 1):
-        k0 = _cnt2(n - a - 1)
         ln = n - a - 1
-        fa = f[a]
-        pe = PE[k0 : k0 + ln]
-        qp = QP[k0 : k0 + ln]
-        fb = f[a + 1 : n]
-        for i in range(ln):
-            pe[i] = fa + fb[i] + qp[i]
+        k0 = np.uint64(_cnt2(ln))
+        fa = F[row, a]
+        b0 = np.uint64(a + 1)
+        for i in range(np.uint64(ln)):
+            out[k0 + i] = fa + F[row, b0 + i] + QP[k0 + i]
+
+
+@njit(cache=True, fastmath=_FM, _nrt=False)
+def _count_below(PE, W, o, K2, tt):
+    """How many of ``PE[k] + W[o + k]``, k < K2, are below ``tt`` (vectorized)."""
+    cnt = 0
+    uo = np.uint64(o)
+    for k in range(np.uint64(K2)):
+        if PE[k] + W[uo + k] < tt:
+            cnt += 1
+    return cnt
+
+
+@njit(cache=True, fastmath=_FM, _nrt=False)
+def _scan3(
+    Q, F, row, e, PE, L, s, n, T, W, woff, pa, pb, S, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
+    cur, stats,
+):  # fmt: skip
+    """Every state below a node with three blocks left (level L, fields F[row], energy e, start s),
+    given the pair energies ``PE`` of its remaining pairs: child c's states are e + f_c + PE + W_c.
+
+    The threshold is re-read only after a push (a stale, higher threshold is safe)."""
+    t = _threshold(thr, nth, cap)
+    states = 0
+    pruned = 0
     for c in range(s, n - 2):
-        t = _threshold(thr, nth, cap)
-        if use_bound and S[L, c] > t + slack:
+        if use_bound and S[row, c] > t + slack:
             break
-        ec = e + f[c]
+        ec = e + F[row, c]
         m = n - c - 1
         K2 = _cnt2(m)
         if use_bound and m > 16:
             # bound of the child: e + f_c + the 2 smallest (f_j + Q_cj + ½ min_k Q_jk) over j > c
-            t2 = T[c + 1, 2]
-            qc = Q[c]
             b1 = np.inf
             b2 = np.inf
             for j in range(c + 1, n):
-                v = f[j] + qc[j] + t2[j]
+                v = F[row, j] + Q[c, j] + T[c + 1, 2, j]
                 if v < b2:
                     if v < b1:
                         b2 = b1
@@ -369,73 +391,115 @@ def _fused_node(
                     else:
                         b2 = v
             if ec + b1 + b2 > t + slack:
-                stats[2] += 1
+                pruned += 1
                 continue
-        cur[L] = c
-        w = W[woff[c] : woff[c] + K2]
         tt = t - ec
-        for st in range(0, K2, _CHUNK):
-            hi = min(st + _CHUNK, K2)
-            pe = PE[st:hi]
-            ww = w[st:hi]
-            cnt = 0
-            for i in range(hi - st):
-                if pe[i] + ww[i] < tt:
-                    cnt += 1
-            if cnt > 0:
-                for i in range(hi - st):
-                    v = pe[i] + ww[i]
-                    if v < tt:
-                        k = st + i
-                        cur[L + 1] = pa[k]
-                        cur[L + 2] = pb[k]
-                        _push(heap_e, heap_s, heap_n, thr, tid, ec + v, cur)
-                        t = _threshold(thr, nth, cap)
-                        tt = t - ec
-        stats[1] += K2
-    stats[0] += 1
+        states += K2
+        o = woff[c]
+        if _count_below(PE, W, o, K2, tt) > 0:
+            cur[L] = c
+            for k in range(K2):
+                v = PE[k] + W[o + k]
+                if v < tt:
+                    cur[L + 1] = pa[k]
+                    cur[L + 2] = pb[k]
+                    _push(heap_e, heap_s, heap_n, thr, tid, ec + v, cur)
+                    t = _threshold(thr, nth, cap)
+                    tt = t - ec
+    stats[1] += states
+    stats[2] += pruned
 
 
-@njit(cache=True, fastmath={"nsz", "arcp", "contract"})
+@njit(cache=True, fastmath=_FM, _nrt=False)
+def _node4(
+    Q, F, E, S, L, s, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap,
+    slack, cur, hbuf, stats, stop,
+):  # fmt: skip
+    """Every state below a node with four blocks left (level L, start s): its pair energies PE4 once,
+    then per child c1 the grandchildren's pair energies PE4 + W_c1 in one contiguous pass."""
+    e = E[L]
+    _pair_energies(F, L, s, n, QP, PE4)
+    t = _threshold(thr, nth, cap)
+    nodes = 1
+    pruned = 0
+    for c1 in range(s, n - 3):
+        if stop[0] != 0:
+            break
+        if use_bound and S[L, c1] > t + slack:
+            break
+        e3 = e + F[L, c1]
+        cur[L] = c1
+        for j in range(np.uint64(c1 + 1), np.uint64(n)):
+            F[L + 1, j] = F[L, j] + Q[c1, j]
+        if use_bound:
+            _suffix_bounds(F, L + 1, e3, T, c1 + 1, 3, n, S, L + 1, hbuf)
+            if S[L + 1, c1 + 1] > t + slack:
+                pruned += 1
+                continue
+        K3 = _cnt2(n - c1 - 1)
+        o = np.uint64(woff[c1])
+        for k in range(np.uint64(K3)):
+            PE3[k] = PE4[k] + W[o + k]
+        nodes += 1
+        _scan3(
+            Q, F, L + 1, e3, PE3, L + 1, c1 + 1, n, T, W, woff, pa, pb, S, use_bound, heap_e, heap_s, heap_n, thr,
+            nth, tid, cap, slack, cur, stats,
+        )  # fmt: skip
+        t = _threshold(thr, nth, cap)
+    stats[0] += nodes
+    stats[2] += pruned
+
+
+@njit(cache=True, fastmath=_FM, _nrt=False)
 def _task_fast(
     Q, T, QP, W, woff, pa, pb, r, prefix, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
-    F, E, S, pos, cur, PE, hbuf, stats,
+    F, E, S, pos, cur, PE4, PE3, hbuf, stats, stop,
 ):  # fmt: skip
+    """One task: the subtree below a prefix, depth first, down to the fused four-left nodes."""
     n = Q.shape[0]
     d0 = prefix.shape[0]
-    f0 = F[d0]
     for j in range(n):
-        f0[j] = Q[j, j]
+        F[d0, j] = Q[j, j]
     e = 0.0
     for i in range(d0):
         c = prefix[i]
         cur[i] = c
-        e += f0[c]
-        qc = Q[c]
+        e += F[d0, c]
         for j in range(c + 1, n):
-            f0[j] += qc[j]
+            F[d0, j] += Q[c, j]
     E[d0] = e
     s0 = prefix[d0 - 1] + 1 if d0 > 0 else 0
     if use_bound:
-        _suffix_bounds(f0, e, T[s0, r - d0], s0, n, r - d0, S[d0], hbuf)
+        _suffix_bounds(F, d0, e, T, s0, r - d0, n, S, d0, hbuf)
         if S[d0, s0] > _threshold(thr, nth, cap) + slack:
             stats[2] += 1
             return
-    if d0 == r - 3:
-        _fused_node(
-            Q, F, E, S, d0, s0, r, n, T, QP, W, woff, pa, pb, PE, use_bound, heap_e, heap_s, heap_n, thr, nth, tid,
-            cap, slack, cur, hbuf, stats,
+    if r == 3:
+        _pair_energies(F, 0, s0, n, QP, PE3)
+        _scan3(
+            Q, F, 0, e, PE3, 0, s0, n, T, W, woff, pa, pb, S, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap,
+            slack, cur, stats,
+        )  # fmt: skip
+        return
+    if d0 == r - 4:
+        _node4(
+            Q, F, E, S, d0, s0, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr, nth, tid,
+            cap, slack, cur, hbuf, stats, stop,
         )  # fmt: skip
         return
     L = d0
     pos[L] = s0
+    t = _threshold(thr, nth, cap)
+    nodes = 0
+    pruned = 0
     while L >= d0:
+        if stop[0] != 0:
+            break
         c = pos[L]
         rho = r - L
         if c > n - rho:
             L -= 1
             continue
-        t = _threshold(thr, nth, cap)
         if use_bound and S[L, c] > t + slack:
             L -= 1
             continue
@@ -443,30 +507,31 @@ def _task_fast(
         cur[L] = c
         ec = E[L] + F[L, c]
         E[L + 1] = ec
-        src = F[L, c + 1 : n]
-        dst = F[L + 1, c + 1 : n]
-        qc = Q[c, c + 1 : n]
-        for i in range(n - c - 1):
-            dst[i] = src[i] + qc[i]
+        for j in range(np.uint64(c + 1), np.uint64(n)):
+            F[L + 1, j] = F[L, j] + Q[c, j]
         if use_bound:
-            _suffix_bounds(F[L + 1], ec, T[c + 1, rho - 1], c + 1, n, rho - 1, S[L + 1], hbuf)
+            _suffix_bounds(F, L + 1, ec, T, c + 1, rho - 1, n, S, L + 1, hbuf)
             if S[L + 1, c + 1] > t + slack:
-                stats[2] += 1
+                pruned += 1
                 continue
-        stats[0] += 1
-        if L + 1 == r - 3:
-            _fused_node(
-                Q, F, E, S, L + 1, c + 1, r, n, T, QP, W, woff, pa, pb, PE, use_bound, heap_e, heap_s, heap_n, thr,
-                nth, tid, cap, slack, cur, hbuf, stats,
+        if L + 1 == r - 4:
+            _node4(
+                Q, F, E, S, L + 1, c + 1, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr,
+                nth, tid, cap, slack, cur, hbuf, stats, stop,
             )  # fmt: skip
+            t = _threshold(thr, nth, cap)
             continue
+        nodes += 1
         L += 1
         pos[L] = c + 1
+    stats[0] += nodes
+    stats[2] += pruned
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _batch_fast(
     Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth, cap, slack, stats,
+    stop,
 ):  # fmt: skip
     n = Q.shape[0]
     npairs = _cnt2(n)
@@ -476,24 +541,26 @@ def _batch_fast(
         S = np.empty((r + 1, n))
         pos = np.empty(r + 1, dtype=np.int64)
         cur = np.empty(r, dtype=np.int32)
-        PE = np.empty(max(npairs, 1))
+        PE4 = np.empty(max(npairs, 1))
+        PE3 = np.empty(max(npairs, 1))
         hbuf = np.empty(r + 1)
         st = np.zeros(4, dtype=np.int64)
-        while True:
+        while stop[0] == 0:
             i = lo + _fetch_add(counter, 0, 1)
             if i >= hi:
                 break
             _task_fast(
                 Q, T, QP, W, woff, pa, pb, r, tasks[i], use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
-                F, E, S, pos, cur, PE, hbuf, st,
+                F, E, S, pos, cur, PE4, PE3, hbuf, st, stop,
             )  # fmt: skip
-            st[3] += 1
+            if stop[0] == 0:
+                st[3] += 1
         for k in range(4):
             stats[tid, k] += st[k]
 
 
 # --------------------------------------------------------------------------------------- generic kernel
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _child_ok(c, L, r, kind, capk, size, pmin, pmax, minsum, maxsum, avail, cnt, P):
     """Whether choosing ``c`` after level-L prefix (counts ``cnt[L]``, params ``P[L]``) can still be
     completed into a feasible state; fills level L+1 counts and params."""
@@ -518,10 +585,10 @@ def _child_ok(c, L, r, kind, capk, size, pmin, pmax, minsum, maxsum, avail, cnt,
     return True
 
 
-@njit(cache=True, fastmath={"nsz", "arcp", "contract"})
+@njit(cache=True, fastmath=_FM, _nrt=False)
 def _task_generic(
     Q, T, r, prefix, use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e, heap_s, heap_n,
-    thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, stats,
+    thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, stats, stop,
 ):  # fmt: skip
     n = Q.shape[0]
     d0 = prefix.shape[0]
@@ -543,17 +610,18 @@ def _task_generic(
             F[i + 1, j] = F[i, j] + Q[c, j]
     s0 = prefix[d0 - 1] + 1 if d0 > 0 else 0
     if use_bound:
-        _suffix_bounds(F[d0], E[d0], T[s0, r - d0], s0, n, r - d0, S[d0], hbuf)
+        _suffix_bounds(F, d0, E[d0], T, s0, r - d0, n, S, d0, hbuf)
         if S[d0, s0] > _threshold(thr, nth, cap) + slack:
             stats[2] += 1
             return
     L = d0
     pos[L] = s0
     while L >= d0:
+        if stop[0] != 0:
+            break
         rho = r - L
         if rho == 1:
             # leaf level: every remaining block completes a state
-            fL = F[L]
             eL = E[L]
             t = _threshold(thr, nth, cap)
             for c in range(pos[L], n):
@@ -567,7 +635,7 @@ def _task_generic(
                     if p > pmax or p < pmin:
                         continue
                 stats[1] += 1
-                v = eL + fL[c]
+                v = eL + F[L, c]
                 if v < t:
                     cur[L] = c
                     _push(heap_e, heap_s, heap_n, thr, tid, v, cur)
@@ -592,7 +660,7 @@ def _task_generic(
         for j in range(c + 1, n):
             F[L + 1, j] = F[L, j] + Q[c, j]
         if use_bound:
-            _suffix_bounds(F[L + 1], ec, T[c + 1, rho - 1], c + 1, n, rho - 1, S[L + 1], hbuf)
+            _suffix_bounds(F, L + 1, ec, T, c + 1, rho - 1, n, S, L + 1, hbuf)
             if S[L + 1, c + 1] > t + slack:
                 stats[2] += 1
                 continue
@@ -601,10 +669,10 @@ def _task_generic(
         pos[L] = c + 1
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _batch_generic(
     Q, T, r, tasks, lo, hi, counter, use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
-    heap_s, heap_n, thr, nth, cap, slack, stats,
+    heap_s, heap_n, thr, nth, cap, slack, stats, stop,
 ):  # fmt: skip
     n = Q.shape[0]
     nk = capk.shape[0]
@@ -618,15 +686,16 @@ def _batch_generic(
         P = np.zeros(r + 1, dtype=np.int64)
         hbuf = np.empty(r + 1)
         st = np.zeros(4, dtype=np.int64)
-        while True:
+        while stop[0] == 0:
             i = lo + _fetch_add(counter, 0, 1)
             if i >= hi:
                 break
             _task_generic(
                 Q, T, r, tasks[i], use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
-                heap_s, heap_n, thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, st,
+                heap_s, heap_n, thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, st, stop,
             )  # fmt: skip
-            st[3] += 1
+            if stop[0] == 0:
+                st[3] += 1
         for k in range(4):
             stats[tid, k] += st[k]
 
@@ -754,123 +823,42 @@ def _trivial(problem: Problem, r: int, n: int) -> SolverOutput:
 
 
 def _enumerate(problem: Problem, opts: Any) -> SolverOutput:
-    n, r, K = problem.n_free, problem.r, problem.k
+    n, r = problem.n_free, problem.r
     if r == 0 or r == n:
         return _trivial(problem, r, n)
-    Q0 = np.asarray(problem.Q, dtype=np.float64)
-    perm = np.argsort(np.diag(Q0), kind="stable") if opts.order == "diagonal" else np.arange(n)
-    Q = np.ascontiguousarray(Q0[np.ix_(perm, perm)])
-    side = problem.has_side_constraints
+    plan = plan_enumeration(problem, opts)
     nth = int(opts.threads) if opts.threads is not None else numba.get_num_threads()
-    fast = (not side) and r >= 3 and math.comb(n, 3) <= _MAX_PAIR_TABLE
-    use_bound = bool(opts.bound)
-    info: dict[str, Any] = {"threads": nth, "kernel": "fused" if fast else "generic", "order": opts.order}
-    if use_bound and n * (r + 1) * n > _MAX_BOUND_TABLE:
-        use_bound = False
-        info["bound_note"] = f"bound table for n={n}, M={r} too large; bound switched off"
-    info["bound"] = use_bound
-
-    # rounding slack: energies are sums of about r² terms; prune only beyond this margin
-    slack = 1e-9 * max(1.0, r * float(np.abs(Q).sum(1).max(initial=0.0)))
-    cap = np.inf
-    if opts.warm_start is not None:
-        cap = float(opts.warm_start) - problem.const + slack
-        info["warm_start"] = float(opts.warm_start)
-    if opts.seed_heuristic and not side:
-        seed_thr, _ = _seed_threshold(Q, r, K)
-        info["seed_threshold"] = float(seed_thr + problem.const) if np.isfinite(seed_thr) else None
-        cap = min(cap, float(seed_thr) + slack)
-
-    T = _bound_table(Q, r) if use_bound else np.zeros((1, 1, 1))
-    d0 = _choose_task_depth(n, r, (r - 3) if fast else (r - 1), opts.task_depth)
-    combos = list(itertools.combinations(range(n - r + d0), d0))
-    tasks = np.array(combos, dtype=np.int32).reshape(len(combos), d0)
-    ntasks = len(tasks)
-    info["task_depth"] = d0
-    info["tasks"] = ntasks
-
-    heap_e = np.full((nth, K), np.inf)
-    heap_s = np.zeros((nth, K, r), dtype=np.int32)
-    heap_n = np.zeros(nth * _PAD, dtype=np.int64)
-    thr = np.full(nth * _PAD, np.inf)
-    stats = np.zeros((nth, 4), dtype=np.int64)
-    counter = np.zeros(1, dtype=np.int64)
-    if fast:
-        pa, pb, QP, W, woff = _pair_tables(Q)
-    else:
-        sa = _side_arrays(problem, perm, r) if side else _side_arrays_none(n, r)
-
-    def run_batch(lo: int, hi: int) -> None:
-        counter[0] = 0
-        if fast:
-            _batch_fast(
-                Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth,
-                cap, slack, stats,
-            )  # fmt: skip
-        else:
-            _batch_generic(
-                Q, T, r, tasks, lo, hi, counter, use_bound, side, sa["kind"], sa["capk"], sa["size"], sa["pmin"],
-                sa["pmax"], sa["minsum"], sa["maxsum"], sa["avail"], heap_e, heap_s, heap_n, thr, nth, cap, slack,
-                stats,
-            )  # fmt: skip
-
-    done, interrupted, timed_out = 0, False, False
-    previous = numba.get_num_threads()
     bar = None
     if problem.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=ntasks, unit="task", desc=f"enumerate C({n},{r})", leave=False)
-    batch = min(ntasks, 2 * nth)
+        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({n},{r})", leave=False)
     try:
-        numba.set_num_threads(nth)
-        while done < ntasks:
-            if problem.time_left() <= 0:
-                timed_out = True
-                break
-            hi = min(ntasks, done + batch)
-            t0 = time.perf_counter()
-            run_batch(done, hi)
-            dt = time.perf_counter() - t0
-            if bar is not None:
-                bar.update(hi - done)
-            step = hi - done
-            done = hi
-            budget = min(opts.batch_seconds, max(problem.time_left(), 1e-3))
-            rate = step / max(dt, 1e-6)
-            batch = int(min(max(rate * budget, nth), 4 * step + nth))
-    except KeyboardInterrupt:
-        interrupted = True
+        res = enumerate_tasks(
+            plan,
+            threads=nth,
+            batch_seconds=opts.batch_seconds,
+            time_left=problem.time_left,
+            progress=None if bar is None else bar.update,
+        )
     finally:
-        numba.set_num_threads(previous)
         if bar is not None:
             bar.close()
-
-    # merge the per-thread heaps
-    counts = heap_n[::_PAD]
-    E = np.concatenate([heap_e[t, : counts[t]] for t in range(nth)])
-    S = np.concatenate([heap_s[t, : counts[t]] for t in range(nth)])
-    order = np.argsort(E, kind="stable")[:K]
-    E, S = E[order], S[order]
-    if opts.warm_start is not None:
-        keep = E + problem.const <= float(opts.warm_start) + slack
-        E, S = E[keep], S[keep]
-    Y = np.zeros((len(E), n), dtype=np.uint8)
-    if len(E):
-        Y[np.arange(len(E))[:, None], perm[S]] = 1
-    tot = stats.sum(0)
+    E, S = merge_task_results(plan, [res])
+    info = dict(plan.info)
     info.update(
-        nodes=int(tot[0]),
-        states=int(tot[1]),
-        pruned=int(tot[2]),
-        tasks_done=int(tot[3]),
-        interrupted=interrupted,
-        timed_out=timed_out,
+        threads=nth,
+        nodes=res.nodes,
+        states=res.states,
+        pruned=res.pruned,
+        tasks_done=res.done,
+        interrupted=res.interrupted,
+        timed_out=res.timed_out,
     )
-    if not len(E) and side:
+    if not len(E) and plan.side:
         info["hint"] = "no state satisfies the caps and the parameter budget together"
-    exact = not (interrupted or timed_out)
-    return SolverOutput(problem.expand(Y), exact=exact, info=info)
+    exact = res.done == len(plan.tasks) and not (res.interrupted or res.timed_out)
+    return SolverOutput(plan.states(S), exact=exact, info=info)
 
 
 def _side_arrays_none(n: int, r: int) -> dict[str, Any]:
@@ -885,3 +873,317 @@ def _side_arrays_none(n: int, r: int) -> dict[str, Any]:
         "maxsum": np.zeros((n + 1, r + 1), dtype=np.int64),
         "avail": np.zeros((n + 1, 1), dtype=np.int64),
     }
+
+
+# --------------------------------------------------------------------------------------- split searches
+@dataclass
+class EnumerationPlan:
+    """A prepared exact search: the free blocks' QUBO in search order, the settings, and the tasks.
+
+    The tasks are the prefixes (removed-block positions in search order) of depth ``task_depth``;
+    their subtrees partition the search space, so any split of the task list can be searched
+    separately (other threads, processes or machines) and the results merged with
+    :func:`merge_task_results`. Energies inside the plan are *reduced*: without ``const`` (the energy
+    of the forced blocks). A plan pickles without its lookup tables; :meth:`tables` rebuilds them.
+    """
+
+    Q: np.ndarray
+    perm: np.ndarray
+    r: int
+    k: int
+    fast: bool
+    use_bound: bool
+    side: bool
+    side_arrays: dict[str, Any]
+    slack: float
+    cap: float
+    const: float
+    warm_start: float | None
+    task_depth: int
+    tasks: np.ndarray
+    free: np.ndarray
+    forced: np.ndarray
+    n_blocks: int
+    info: dict[str, Any]
+    _tables: tuple | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def n(self) -> int:
+        return self.Q.shape[0]
+
+    @property
+    def trivial(self) -> bool:
+        """Nothing to search: no free block to remove (r = 0) or all of them (r = n)."""
+        return self.r == 0 or self.r == self.n
+
+    def task_leaves(self, tasks: np.ndarray | None = None) -> np.ndarray:
+        """The number of states below each task, ``C(n − last − 1, r − depth)`` (float64: may exceed 2⁶³)."""
+        tasks = self.tasks if tasks is None else tasks
+        d0, n, r = self.task_depth, self.n, self.r
+        if d0 == 0:
+            return np.full(len(tasks), float(math.comb(n, r)))
+        return np.array([float(math.comb(n - int(t[-1]) - 1, r - d0)) for t in tasks])
+
+    def tables(self) -> tuple:
+        """(T, pair tables) for the kernels, built on first use."""
+        if self._tables is None:
+            T = _bound_table(self.Q, self.r) if self.use_bound else np.zeros((1, 1, 1))
+            pairs = _pair_tables(self.Q) if self.fast else None
+            self._tables = (T, pairs)
+        return self._tables
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_tables"] = None
+        return state
+
+    def states(self, S: np.ndarray) -> np.ndarray:
+        """Full (B, N) uint8 states from (B, r) removed positions in search order."""
+        S = np.asarray(S, dtype=np.int64).reshape(-1, self.r)
+        X = np.zeros((len(S), self.n_blocks), dtype=np.uint8)
+        if len(S):
+            X[np.arange(len(S))[:, None], self.free[self.perm[S]]] = 1
+        if len(self.forced):
+            X[:, self.forced] = 1
+        return X
+
+
+@dataclass
+class TaskResult:
+    """What :func:`enumerate_tasks` found: at most ``k`` states per thread with their reduced energies.
+
+    Attributes:
+        energies: (B,) reduced energies (without the plan's ``const``), ascending.
+        positions: (B, r) removed positions in search order (``plan.states`` maps them to full states).
+        done: how many of the given tasks were searched completely.
+        nodes / states / pruned: search statistics.
+        interrupted / timed_out: why the search stopped early, if it did.
+    """
+
+    energies: np.ndarray
+    positions: np.ndarray
+    done: int
+    nodes: int = 0
+    states: int = 0
+    pruned: int = 0
+    interrupted: bool = False
+    timed_out: bool = False
+
+    def kth(self, k: int) -> float:
+        """The k-th best energy found (an upper bound on the true k-th best), or inf with fewer states."""
+        return float(self.energies[k - 1]) if len(self.energies) >= k else np.inf
+
+
+def plan_enumeration(problem: Problem, options: Any = None) -> EnumerationPlan:
+    """Prepare the exact search of ``problem`` (reordering, bound switch, seeded threshold, tasks).
+
+    Args:
+        problem: a reduced solve request (see :class:`cbo.solvers.base.Problem`).
+        options: :class:`EnumerateSolver.Options` (defaults when None).
+
+    Example:
+        >>> plan = plan_enumeration(problem, EnumerateSolver.Options())          # doctest: +SKIP
+        >>> halves = [enumerate_tasks(plan, part) for part in np.array_split(plan.tasks, 2)]  # doctest: +SKIP
+        >>> energies, positions = merge_task_results(plan, halves)               # doctest: +SKIP
+    """
+    opts = EnumerateSolver.Options() if options is None else options
+    n, r, K = problem.n_free, problem.r, problem.k
+    Q0 = np.asarray(problem.Q, dtype=np.float64)
+    perm = np.argsort(np.diag(Q0), kind="stable") if opts.order == "diagonal" else np.arange(n)
+    Q = np.ascontiguousarray(Q0[np.ix_(perm, perm)])
+    side = problem.has_side_constraints
+    fast = (not side) and r >= 3 and math.comb(n, 3) <= _MAX_PAIR_TABLE
+    use_bound = bool(opts.bound)
+    info: dict[str, Any] = {"kernel": "fused" if fast else "generic", "order": opts.order}
+    if use_bound and n * (r + 1) * n > _MAX_BOUND_TABLE:
+        use_bound = False
+        info["bound_note"] = f"bound table for n={n}, M={r} too large; bound switched off"
+    info["bound"] = use_bound
+    trivial = r == 0 or r == n
+
+    # rounding slack: energies are sums of about r² terms; prune only beyond this margin
+    slack = 1e-9 * max(1.0, r * float(np.abs(Q).sum(1).max(initial=0.0)))
+    cap = np.inf
+    if opts.warm_start is not None:
+        cap = float(opts.warm_start) - problem.const + slack
+        info["warm_start"] = float(opts.warm_start)
+    if opts.seed_heuristic and not side and not trivial:
+        seed_thr, _ = _seed_threshold(Q, r, K)
+        info["seed_threshold"] = float(seed_thr + problem.const) if np.isfinite(seed_thr) else None
+        cap = min(cap, float(seed_thr) + slack)
+
+    if trivial:
+        d0 = 0
+        tasks = np.zeros((0, 0), dtype=np.int32)
+    else:
+        d0 = _choose_task_depth(n, r, max(r - 4, 0) if fast else (r - 1), opts.task_depth)
+        combos = list(itertools.combinations(range(n - r + d0), d0))
+        tasks = np.array(combos, dtype=np.int32).reshape(len(combos), d0)
+    info["task_depth"] = d0
+    info["tasks"] = len(tasks)
+    sa = _side_arrays(problem, perm, r) if side else _side_arrays_none(n, r)
+    return EnumerationPlan(
+        Q=Q,
+        perm=perm,
+        r=r,
+        k=K,
+        fast=fast,
+        use_bound=use_bound,
+        side=side,
+        side_arrays=sa,
+        slack=slack,
+        cap=cap,
+        const=float(problem.const),
+        warm_start=None if opts.warm_start is None else float(opts.warm_start),
+        task_depth=d0,
+        tasks=tasks,
+        free=np.asarray(problem.free, dtype=np.int64),
+        forced=np.asarray(problem.forced, dtype=np.int64),
+        n_blocks=problem.qubo.n,
+        info=info,
+    )
+
+
+def enumerate_tasks(
+    plan: EnumerationPlan,
+    tasks: np.ndarray | None = None,
+    *,
+    threads: int | None = None,
+    threshold: float = np.inf,
+    batch_seconds: float = 0.2,
+    time_left: Callable[[], float] | None = None,
+    share: Callable[[float], float] | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> TaskResult:
+    """Search the subtrees of ``tasks`` (default: all of the plan's) and return the best states found.
+
+    Only states below the pruning threshold are kept: the smaller of the plan's seeded cap, the
+    ``threshold`` given (an upper bound on the global K-th best, e.g. from other workers), and the
+    K-th best found so far. The search runs in a worker thread while the calling thread watches the
+    time limit and Ctrl-C; either stops it within a node, keeping the states found so far. Tasks run
+    in batches of about ``batch_seconds``; after each, ``progress`` is told, and ``share(local K-th
+    best)`` (when given) returns a new global threshold, so that searches on other processes prune
+    with each other's finds.
+
+    Args:
+        plan: from :func:`plan_enumeration`.
+        tasks: (T, task_depth) prefixes, a subset of ``plan.tasks``.
+        threads: numba threads (default: ``numba.get_num_threads()``).
+        threshold: starting threshold in reduced energy (without ``plan.const``).
+        batch_seconds: target duration of one batch.
+        time_left: seconds left (a callable); the search stops, marked ``timed_out``, at 0.
+        share: called between batches with the local K-th best (inf until K states are found);
+            returns the threshold to prune with.
+        progress: called with the number of tasks finished in each batch.
+    """
+    tasks = plan.tasks if tasks is None else np.ascontiguousarray(tasks, dtype=np.int32)
+    ntasks = len(tasks)
+    r, K = plan.r, plan.k
+    nth = int(threads) if threads is not None else numba.get_num_threads()
+    Q, fast, use_bound, slack = plan.Q, plan.fast, plan.use_bound, plan.slack
+    T, pairs = plan.tables()
+    sa = plan.side_arrays
+    heap_e = np.full((nth, K), np.inf)
+    heap_s = np.zeros((nth, K, r), dtype=np.int32)
+    heap_n = np.zeros(nth * _PAD, dtype=np.int64)
+    thr = np.full(nth * _PAD, np.inf)
+    stats = np.zeros((nth, 4), dtype=np.int64)
+    counter = np.zeros(1, dtype=np.int64)
+    stop = np.zeros(1, dtype=np.int64)
+    failure: list[BaseException] = []
+
+    def run_batch(lo: int, hi: int, cap: float) -> None:
+        counter[0] = 0
+        if fast:
+            pa, pb, QP, W, woff = pairs
+            _batch_fast(
+                Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth,
+                cap, slack, stats, stop,
+            )  # fmt: skip
+        else:
+            _batch_generic(
+                Q, T, r, tasks, lo, hi, counter, use_bound, plan.side, sa["kind"], sa["capk"], sa["size"], sa["pmin"],
+                sa["pmax"], sa["minsum"], sa["maxsum"], sa["avail"], heap_e, heap_s, heap_n, thr, nth, cap, slack,
+                stats, stop,
+            )  # fmt: skip
+
+    def left() -> float:
+        return float("inf") if time_left is None else time_left()
+
+    def work() -> None:
+        # runs in its own thread so that the caller stays responsive to the time limit and Ctrl-C;
+        # the kernels release the GIL and stop within a node of ``stop`` being set
+        try:
+            numba.set_num_threads(nth)  # per-thread setting
+            cap = min(plan.cap, float(threshold))
+            done = 0
+            batch = min(ntasks, 2 * nth)
+            while done < ntasks and stop[0] == 0:
+                hi = min(ntasks, done + batch)
+                t0 = time.perf_counter()
+                run_batch(done, hi, cap)
+                dt = time.perf_counter() - t0
+                if stop[0] != 0:
+                    break
+                if progress is not None:
+                    progress(hi - done)
+                step = hi - done
+                done = hi
+                if share is not None:
+                    cap = min(cap, float(share(float(thr[::_PAD].min()))))
+                budget = min(batch_seconds, max(left(), 1e-3))
+                rate = step / max(dt, 1e-6)
+                batch = int(min(max(rate * budget, nth), 4 * step + nth))
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+            stop[0] = 1
+
+    interrupted = timed_out = False
+    worker = threading.Thread(target=work, name="cbo-enumerate", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(timeout=_POLL_SECONDS)
+            if worker.is_alive() and left() <= 0:
+                timed_out = True
+                stop[0] = 1
+    except KeyboardInterrupt:
+        interrupted = True
+        stop[0] = 1
+        worker.join()
+    if failure:
+        raise failure[0]
+
+    # merge the per-thread heaps
+    counts = heap_n[::_PAD]
+    E = np.concatenate([heap_e[t, : counts[t]] for t in range(nth)])
+    S = np.concatenate([heap_s[t, : counts[t]] for t in range(nth)]).reshape(-1, r)
+    order = np.argsort(E, kind="stable")[:K]
+    tot = stats.sum(0)
+    complete = int(tot[3]) == ntasks
+    return TaskResult(
+        energies=E[order],
+        positions=S[order],
+        done=int(tot[3]),
+        nodes=int(tot[0]),
+        states=int(tot[1]),
+        pruned=int(tot[2]),
+        interrupted=interrupted and not complete,
+        timed_out=timed_out and not complete,
+    )
+
+
+def merge_task_results(plan: EnumerationPlan, results: Iterable[TaskResult]) -> tuple[np.ndarray, np.ndarray]:
+    """The K best (reduced energies, positions) over several results; with a warm start, only those
+    at or below it."""
+    results = list(results)
+    if not results:
+        return np.zeros(0), np.zeros((0, plan.r), dtype=np.int32)
+    E = np.concatenate([res.energies for res in results])
+    S = np.concatenate([res.positions.reshape(-1, plan.r) for res in results])
+    order = np.argsort(E, kind="stable")[: plan.k]
+    E, S = E[order], S[order]
+    if plan.warm_start is not None:
+        keep = E + plan.const <= plan.warm_start + plan.slack
+        E, S = E[keep], S[keep]
+    return E, S
