@@ -124,6 +124,8 @@ class Solver:
     aliases: ClassVar[tuple[str, ...]] = ()
     exact: ClassVar[bool] = False
     description: ClassVar[str] = ""
+    battery_options: ClassVar[dict] = {}  # options tests/solvers/test_battery.py passes to this solver
+    battery_max_n: ClassVar[int] = 16  # largest instance the shared test battery gives this solver
 
     @dataclass
     class Options:

@@ -806,6 +806,28 @@ def _side_arrays(problem: Problem, perm: np.ndarray, r: int) -> dict[str, Any]:
     }
 
 
+def _seed_states(Q: np.ndarray, best: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The K best of the heuristic's local optimum and its single-swap neighbours: (energies, positions)."""
+    S = np.flatnonzero(best)
+    out = np.flatnonzero(~best)
+    if not len(S):
+        return np.zeros(0), np.zeros((0, 0), dtype=np.int32)
+    d = np.diag(Q)
+    e0 = float(d[S].sum() + np.triu(Q[np.ix_(S, S)], 1).sum())
+    f = d + Q[S].sum(0)
+    f[S] -= d[S]  # a chosen block's field excludes its own row: f_i = Q_ii + Σ_{k∈S, k≠i} Q_ik
+    energies = [e0]
+    states = [S]
+    for a, i in enumerate(S):
+        de = f[out] - f[i] - Q[i, out]
+        for b, j in enumerate(out):
+            energies.append(e0 + de[b])
+            states.append(np.sort(np.concatenate([np.delete(S, a), [j]])))
+    energies = np.asarray(energies)
+    order = np.argsort(energies, kind="stable")[:K]
+    return energies[order], np.asarray(states, dtype=np.int32)[order]
+
+
 def _choose_task_depth(n: int, r: int, dmax: int, requested: int | None) -> int:
     if requested is not None:
         return min(int(requested), dmax)
@@ -905,6 +927,8 @@ class EnumerationPlan:
     forced: np.ndarray
     n_blocks: int
     info: dict[str, Any]
+    seed_energies: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    seed_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int32))
     _tables: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -1008,9 +1032,12 @@ def plan_enumeration(problem: Problem, options: Any = None) -> EnumerationPlan:
         cap = float(opts.warm_start) - problem.const + slack
         info["warm_start"] = float(opts.warm_start)
     if opts.seed_heuristic and not side and not trivial:
-        seed_thr, _ = _seed_threshold(Q, r, K)
+        seed_thr, best = _seed_threshold(Q, r, K)
         info["seed_threshold"] = float(seed_thr + problem.const) if np.isfinite(seed_thr) else None
         cap = min(cap, float(seed_thr) + slack)
+        seed_energies, seed_positions = _seed_states(Q, best, K)
+    else:
+        seed_energies, seed_positions = np.zeros(0), np.zeros((0, r), dtype=np.int32)
 
     if trivial:
         d0 = 0
@@ -1041,6 +1068,8 @@ def plan_enumeration(problem: Problem, options: Any = None) -> EnumerationPlan:
         forced=np.asarray(problem.forced, dtype=np.int64),
         n_blocks=problem.qubo.n,
         info=info,
+        seed_energies=seed_energies,
+        seed_positions=seed_positions,
     )
 
 
@@ -1177,10 +1206,15 @@ def merge_task_results(plan: EnumerationPlan, results: Iterable[TaskResult]) -> 
     """The K best (reduced energies, positions) over several results; with a warm start, only those
     at or below it."""
     results = list(results)
-    if not results:
-        return np.zeros(0), np.zeros((0, plan.r), dtype=np.int32)
-    E = np.concatenate([res.energies for res in results])
-    S = np.concatenate([res.positions.reshape(-1, plan.r) for res in results])
+    # the heuristic's states take part: a search stopped early may not have reached its threshold
+    E = np.concatenate([plan.seed_energies] + [res.energies for res in results])
+    S = np.concatenate(
+        [plan.seed_positions.reshape(-1, plan.r)] + [res.positions.reshape(-1, plan.r) for res in results]
+    )
+    S = np.sort(S, axis=1).astype(np.int32)
+    if len(S):
+        S, first = np.unique(S, axis=0, return_index=True)
+        E = E[first]
     order = np.argsort(E, kind="stable")[: plan.k]
     E, S = E[order], S[order]
     if plan.warm_start is not None:
