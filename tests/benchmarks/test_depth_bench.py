@@ -1,0 +1,74 @@
+"""The depth benchmarks' --quick modes on the default model: they run, write their outputs, and the rows obey
+the rules they claim (M blocks removed, choices made on the validation split only, sublayer parameter parity)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def installed():
+    from cbo.errors import DataError, ModelError
+    from cbo.models import resolve_model
+
+    try:
+        resolve_model("smollm2-135m")
+        from cbo.assets import default_text_path
+
+        default_text_path()
+    except (ModelError, DataError) as exc:
+        pytest.skip(f"default model or text not installed ({exc})")
+
+
+def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_depth_quality_quick(installed, tmp_path):
+    out = tmp_path / "dq"
+    common = ["--quick", "--threads", "1", "--no-progress", "--out", str(out), "--hessian-cache", str(tmp_path / "h")]
+    _run("depth_quality.py", *common)
+    data = json.loads((out / "depth_quality.json").read_text())
+    assert (out / "depth_quality.md").read_text().startswith("# Depth quality")
+    assert (out / "depth_quality.png").stat().st_size > 1000
+    labels = {r["label"] for r in data["rows"]}
+    for method in ("block_influence", "angular", "sleb", "taylor", "ppl"):
+        assert method in labels
+    assert {"cbo[fisher] ground", "cbo[fisher] best-of-4", "cbo[fisher sublayer] ground"} <= labels
+    layer_params = data["rows"][0]["n_removed_params"] / data["rows"][0]["remove"]
+    for r in data["rows"]:
+        assert r["remove"] in (2, 4)
+        assert math.isfinite(float(r["test"]["ppl"])) and r["test"]["ppl"] > data["original"]["test"]["ppl"] * 0.5
+        if r["granularity"] == "layer":
+            assert len(r["removed"]) == r["remove"]
+        else:  # 2M halves, at most M attention, at least the parameters of M layers
+            assert len(r["removed"]) == 2 * r["remove"]
+            assert sum(n.endswith(".attn") for n in r["removed_names"]) <= r["remove"]
+            assert r["n_removed_params"] >= layer_params * r["remove"] - 1
+    # the validated choice is the lowest validation KL among the validated states, never a test-split choice
+    for v in data["cbo_validation"]:
+        kls = [float(s["validation"]["kl"]) for s in v["states"]]
+        assert v["chosen"] == v["states"][kls.index(min(kls))]["rank"]
+    # a rerun measures nothing new: rankings, Hessians and measurements come from the caches
+    _run("depth_quality.py", *common)
+    again = json.loads((out / "depth_quality.json").read_text())
+    assert again["new_measurements"] == 0
+    assert [r["removed"] for r in again["rows"]] == [r["removed"] for r in data["rows"]]
