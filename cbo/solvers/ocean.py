@@ -329,6 +329,12 @@ class DimodSampler(_PenaltySolver):
         max_rounds: int = 12
         factor: float = 0.5
 
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        if not has_module("dimod"):
+            return False, "dimod is not installed (pip install dimod)"
+        return True, "ok"
+
     def sample(self, bqm: Any, problem: Problem, options: Options, round_: int) -> Any:
         sampler = _resolve_sampler(options.sampler)
         params = getattr(sampler, "parameters", {}) or {}
