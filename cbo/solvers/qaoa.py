@@ -12,7 +12,8 @@ Two forms (option ``form``):
   infeasible and are dropped.
 
 Both run qiskit-optimization's ``QAOA`` eigensolver on the Ising form of the (converted) program
-with a seeded sampler and a seeded initial point (COBYLA), and keep every state of the final
+with a seeded sampler and a seeded initial point (COBYLA, stopped at the time limit with the best
+angles so far), and keep every state of the final
 distribution as a candidate; the most probable ones are kept with their probabilities in
 ``info["samples"]``. State-vector simulation is exponential in the number of qubits, so
 problems above ``MAX_QUBITS`` free blocks (qubits) are refused unless ``force=True``.
@@ -165,7 +166,6 @@ class QAOASolver(Solver):
         from qiskit_optimization import QuadraticProgram
         from qiskit_optimization.converters import QuadraticProgramToQubo
         from qiskit_optimization.minimum_eigensolvers import QAOA
-        from qiskit_optimization.optimizers import COBYLA
 
         if options.form not in ("xy", "penalty"):
             raise SolverError(f"form must be 'xy' or 'penalty', got {options.form!r}.")
@@ -221,7 +221,8 @@ class QAOASolver(Solver):
             kwargs["initial_state"] = dicke_circuit(n, r)
             kwargs["mixer"] = xy_mixer(n, options.mixer)
         operator, _ = qubo_qp.to_ising()
-        qaoa = QAOA(sampler, COBYLA(maxiter=int(options.maxiter)), **kwargs)
+        record: dict[str, Any] = {"timed_out": False}
+        qaoa = QAOA(sampler, _cobyla(int(options.maxiter), problem, record), **kwargs)
         try:
             result = qaoa.compute_minimum_eigenvalue(operator)
         except Exception as exc:  # qiskit raises its own error types; name the solver and the cause
@@ -246,6 +247,7 @@ class QAOASolver(Solver):
             "backend": backend,
             "optimal_parameters": [float(v) for v in np.ravel(getattr(result, "optimal_point", []))],
             "evaluations": int(getattr(result, "cost_function_evals", 0) or 0),
+            "timed_out": record["timed_out"],
             "mean_energy": float(prob @ E / prob.sum()),
             "mean_feasible_energy": float(prob[ok] @ E[ok] / prob[ok].sum()) if ok.any() else None,
             "distinct_samples": int(len(keys)),
@@ -269,6 +271,37 @@ class QAOASolver(Solver):
                 "a larger penalty"
             )
         return SolverOutput(X, exact=False, info=info)
+
+
+def _cobyla(maxiter: int, problem: Problem, record: dict[str, Any]) -> Any:
+    """COBYLA (scipy) as a qiskit ``Minimizer`` that stops at the time limit with the best angles so far."""
+    from qiskit_optimization.optimizers import OptimizerResult
+    from scipy.optimize import minimize
+
+    class _Stop(Exception):
+        pass
+
+    def minimizer(fun: Any, x0: Any, jac: Any = None, bounds: Any = None) -> Any:
+        best = {"x": np.asarray(x0, dtype=float), "f": np.inf, "n": 0}
+
+        def f(x: np.ndarray) -> float:
+            if best["n"] > 0 and problem.time_left() <= 0:
+                raise _Stop
+            v = float(fun(x))
+            best["n"] += 1
+            if v < best["f"]:
+                best.update(x=np.array(x, dtype=float), f=v)
+            return v
+
+        try:
+            minimize(f, x0, method="COBYLA", options={"maxiter": maxiter})
+        except _Stop:
+            record["timed_out"] = True
+        res = OptimizerResult()
+        res.x, res.fun, res.nfev = best["x"], best["f"], best["n"]
+        return res
+
+    return minimizer
 
 
 def _penalty(penalty: Any, problem: Problem, scale: float) -> float | None:

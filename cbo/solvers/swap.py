@@ -618,7 +618,7 @@ class SwapAnnealer(Solver):
     exact = False
     description = "constraint-native simulated annealing (swap moves keep Σx = M; numba)"
     battery_options: ClassVar[dict] = {}
-    battery_max_n: ClassVar[int] = 24
+    battery_max_n: ClassVar[int] = 16
 
     @dataclass
     class Options:
@@ -683,7 +683,7 @@ class SwapTabu(Solver):
     exact = False
     description = "constraint-native tabu search over swap moves (keeps Σx = M; numba)"
     battery_options: ClassVar[dict] = {}
-    battery_max_n: ClassVar[int] = 24
+    battery_max_n: ClassVar[int] = 16
 
     @dataclass
     class Options:

@@ -113,3 +113,10 @@ def test_default_settings_find_the_ground_state_at_n12():
     _, E = brute_force_topk(q, 4, 1)
     res = solve(q, 4, "qaoa", k=5, seed=0)
     assert res.energies[0] == pytest.approx(E[0], abs=1e-9)
+
+
+def test_time_limit_stops_the_optimizer_and_keeps_the_samples():
+    q = random_block_qubo(8, 3)
+    res = solve(q, 3, "qaoa", k=3, seed=0, time_limit=1e-3, reps=1, maxiter=200, shots=256)
+    assert res.info["timed_out"] and res.info["evaluations"] == 1
+    assert res.exact is False and len(res) == 3
