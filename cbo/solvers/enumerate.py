@@ -5,33 +5,47 @@ good states come early) and the states are visited in lexicographic order of the
 indices. Every node keeps the field ``f_j = Q_jj + Σ_{i chosen} Q_ij`` of each candidate ``j``, so
 adding ``j`` costs ``f_j``.
 
-Fast path (no caps or parameter budget, r ≥ 3): the last three levels are fused. A node with three
-blocks still to choose stores the pair energies ``PE_ab = f_a + f_b + Q_ab`` of every remaining pair
-in a triangle ordered so that the pairs above any index ``c`` form a contiguous prefix; the states
-below child ``c`` are then ``E + f_c + PE_ab + W_c,ab`` with ``W_c,ab = Q_ca + Q_cb`` precomputed, so a
-state costs two loads and an add. The triangle is scanned in vectorized chunks that only count how
-many entries beat the current K-th best; a chunk is scanned in scalar code only when one does.
+Fast path (no caps or parameter budget, r ≥ 3): the last levels are fused. The pairs (a, b) are laid
+out in a triangle in which the pairs above any index form a contiguous prefix. A node with four
+blocks left computes its pair energies ``PE_ab = f_a + f_b + Q_ab`` once; for each child c1 the
+grandchildren's pair energies are ``PE + W_c1`` (``W_c,ab = Q_ca + Q_cb``, precomputed) in one
+contiguous pass, and the states below grandchild c2 are ``E + f_c2 + PE3_ab + W_c2,ab``: two loads and
+an add per state, counted against the current K-th best by a vectorized loop. Only a child whose count
+is non-zero is scanned again in scalar code to push its states. The kernels run without reference
+counting (``_nrt=False``) and index their vectorized loops with unsigned integers.
 
-Generic path (caps or a parameter budget, or r ≤ 2): the same search with a leaf loop, tracking the
-removed count of every kind and the removed parameters, and pruning prefixes that can no longer be
-completed feasibly.
+Generic path (caps or a parameter budget, r ≤ 2, or very large n): the same search with a leaf loop,
+tracking the removed count of every kind and the removed parameters, and pruning prefixes that can no
+longer be completed feasibly.
 
-Lower bound (``bound=True``): for a prefix with energy ``E``, fields ``f`` and ``ρ`` blocks still to
-choose from ``R = {j ≥ s}``, every completion ``S ⊂ R``, ``|S| = ρ`` has energy
+Bounds (``bound=True``), for a prefix with energy ``E``, fields ``f`` and ``ρ`` blocks still to choose
+from ``R = {j ≥ s}``:
 
-    E + Σ_{j∈S} (f_j + ½ Σ_{k∈S, k≠j} Q_jk) ≥ E + (sum of the ρ smallest of f_j + T[s, ρ, j])
+* Per-row bound: every completion ``S ⊂ R``, ``|S| = ρ`` has energy
+  ``E + Σ_{j∈S} (f_j + ½ Σ_{k∈S, k≠j} Q_jk) ≥ E + (sum of the ρ smallest of f_j + T[s, ρ, j])`` with
+  ``T[s, ρ, j] = ½·(sum of the ρ−1 smallest Q_jk over k ≥ s, k ≠ j)``, a table that does not depend on
+  the prefix. The same bound over the suffix ``{j ≥ c}`` covers every later child of a node, so the
+  child loop stops as soon as it exceeds the K-th best. Cheap (O(|R| log ρ)) but weak for large ρ.
+* Convex relaxation (``relaxation=True``, at nodes with at least ``relax_min_states`` states below):
+  with C the off-diagonal part of Q and λ the smallest shift that makes ``C + λI`` positive
+  semidefinite on the plane Σy = 0 (computed once), a completion's energy is the convex function
+  ``E + ½yᵀ(C + λI)y + Σ_j (f_j − λ/2) y_j`` at a 0/1 point. Its minimum over the capped simplex
+  {0 ≤ y ≤ 1, Σy = ρ} bounds every completion; Frank–Wolfe gives a valid dual bound at every iteration
+  and stops as soon as the node is pruned or provably cannot be. This is what proves M ≈ n/5..n/2.
 
-with ``T[s, ρ, j] = ½·(sum of the ρ−1 smallest Q_jk over k ≥ s, k ≠ j)``, a table that does not depend
-on the prefix. The same bound over the suffix ``{j ≥ c}`` covers every later child of a node, so the
-child loop stops as soon as it exceeds the K-th best. A node is pruned only when its bound exceeds the
-K-th best found so far by more than a rounding slack, so no true top-K state is ever cut.
+A node is pruned only when a bound exceeds the K-th best found so far by more than a rounding slack,
+so no true top-K state is ever cut.
 
 Threads: tasks are the prefixes of a fixed depth, handed out dynamically (an atomic counter); every
 thread keeps its own max-heap of K states, and the pruning threshold is the smallest K-th best over
-all threads (each is an upper bound on the global K-th best), or a threshold seeded by a greedy +
-swap-descent heuristic, or the warm-start energy. The Python side runs the tasks in batches of about
-``batch_seconds``, checking the time limit and Ctrl-C in between; a stopped run returns the best
-states found so far, marked inexact.
+all threads (each is an upper bound on the global K-th best), a threshold seeded by a greedy +
+swap-descent heuristic, or the warm-start energy. The search runs in a worker thread (the kernels
+release the GIL) while the caller watches the time limit and Ctrl-C; either sets a flag that every
+thread checks at each node, and the best states found so far (with the heuristic's) come back marked
+inexact.
+
+Split searches (``plan_enumeration`` / ``enumerate_tasks`` / ``merge_task_results``) expose the
+same search task by task, for sharding over processes or machines.
 """
 
 from __future__ import annotations
@@ -59,10 +73,15 @@ _MAX_PAIR_TABLE = 8_000_000
 # Largest bound table (n * (r + 1) * n doubles); above it the bound is switched off.
 _MAX_BOUND_TABLE = 32_000_000
 _BIG_INT = np.int64(2**62)
+# Search statistics per thread: nodes, states, pruned, tasks done, relaxations solved, pruned by them.
+_NSTATS = 6
 # How often the caller checks the time limit while the search runs in its worker thread.
 _POLL_SECONDS = 0.02
 
 _ORDERS = ("diagonal", "natural")
+# Floating-point freedoms for the kernels: contraction (FMA) and sign of zero; no reassociation, so
+# the state energies are summed in a fixed order. NaN and inf keep their meaning (inf = no threshold).
+_FM = {"nsz", "arcp", "contract"}
 
 
 # --------------------------------------------------------------------------------------- primitives
@@ -330,11 +349,115 @@ def _seed_threshold(Q, r, K):
     return vals[K - 1], best
 
 
+# --------------------------------------------------------------------------------------- convex bound
+@njit(cache=True, _nrt=False)
+def _smallest(v, m, rho, sel, hv):
+    """Indices of the rho smallest of v[0:m] into sel[0:rho] (unordered; a max-heap on hv)."""
+    size = 0
+    for i in range(m):
+        x = v[i]
+        if size < rho:
+            k = size
+            while k > 0:
+                p = (k - 1) // 2
+                if hv[p] >= x:
+                    break
+                hv[k] = hv[p]
+                sel[k] = sel[p]
+                k = p
+            hv[k] = x
+            sel[k] = i
+            size += 1
+        elif x < hv[0]:
+            k = 0
+            while True:
+                left = 2 * k + 1
+                if left >= rho:
+                    break
+                ch = left
+                if left + 1 < rho and hv[left + 1] > hv[left]:
+                    ch = left + 1
+                if hv[ch] <= x:
+                    break
+                hv[k] = hv[ch]
+                sel[k] = sel[ch]
+                k = ch
+            hv[k] = x
+            sel[k] = i
+
+
+@njit(cache=True, fastmath=_FM, _nrt=False)
+def _relax_bound(rx, rw, F, row, c0, n, rho, target):
+    """Lower bound on the energy of every completion below a node, from its convex relaxation.
+
+    For the remaining blocks j ≥ c0 (fields F[row, j]) and ``rho`` of them still to remove, every
+    completion y ∈ {0,1} with Σy = rho has energy ``½yᵀ(C + λI)y + Σ_j (f_j − λ/2) y_j`` (y_j² = y_j),
+    where C is the off-diagonal part of Q and λ makes C + λI positive semidefinite on Σy = 0 (see
+    :func:`_relaxation_shift`). Minimizing that convex function over the capped simplex
+    {0 ≤ y ≤ 1, Σy = rho} bounds every completion from below; Frank–Wolfe iterates give the dual
+    bound ``φ(y) + ∇φ(y)·(s − y)`` (s the best vertex) at every step. Stops as soon as the bound
+    exceeds ``target`` (the node can be pruned) or the iterate's value falls below it (it cannot).
+    """
+    A, lamh, _big, iters = rx
+    work, sel, hv = rw
+    y = work[0]
+    g = work[1]
+    b = work[2]
+    a = work[3]
+    s = work[4]
+    m = n - c0
+    for i in range(m):
+        b[i] = F[row, c0 + i] - lamh[c0 + i]
+        y[i] = 0.0
+        s[i] = 0.0
+        g[i] = b[i]
+    # start at the vertex of the rho smallest linear costs
+    _smallest(b, m, rho, sel, hv)
+    for t in range(rho):
+        y[sel[t]] = 1.0
+        j = c0 + sel[t]
+        for i in range(m):
+            g[i] += A[j, c0 + i]
+    best = -np.inf
+    for _ in range(iters):
+        phi = 0.0
+        gy = 0.0
+        for i in range(m):
+            phi += y[i] * (g[i] + b[i])
+            gy += g[i] * y[i]
+        phi *= 0.5
+        _smallest(g, m, rho, sel, hv)
+        gs = 0.0
+        for t in range(rho):
+            gs += g[sel[t]]
+        slope = gs - gy
+        if phi + slope > best:
+            best = phi + slope
+        if best > target or phi <= target or slope >= -1e-12 * (1.0 + abs(phi)):
+            return best
+        for i in range(m):
+            a[i] = b[i] - g[i]  # −A y
+        for t in range(rho):
+            s[sel[t]] = 1.0
+            j = c0 + sel[t]
+            for i in range(m):
+                a[i] += A[j, c0 + i]  # A (s − y)
+        curv = 0.0
+        for i in range(m):
+            curv += (s[i] - y[i]) * a[i]
+        gam = 1.0 if curv <= 0.0 else min(1.0, -slope / curv)
+        for i in range(m):
+            y[i] += gam * (s[i] - y[i])
+            g[i] += gam * a[i]
+        for t in range(rho):
+            s[sel[t]] = 0.0
+    return best
+
+
 # --------------------------------------------------------------------------------------- fast kernel
 # The search functions run without reference counting (``_nrt=False``: they allocate nothing), which
 # would otherwise cost atomic increments of every array argument on every call. Vectorized loops
 # index with unsigned integers: a signed index carries a negative-index check that blocks SIMD.
-_FM = {"nsz", "arcp", "contract"}
 
 
 @njit(cache=True, fastmath=_FM, _nrt=False)
@@ -413,7 +536,7 @@ def _scan3(
 @njit(cache=True, fastmath=_FM, _nrt=False)
 def _node4(
     Q, F, E, S, L, s, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap,
-    slack, cur, hbuf, stats, stop,
+    slack, cur, hbuf, stats, stop, rx, rw,
 ):  # fmt: skip
     """Every state below a node with four blocks left (level L, start s): its pair energies PE4 once,
     then per child c1 the grandchildren's pair energies PE4 + W_c1 in one contiguous pass."""
@@ -436,6 +559,12 @@ def _node4(
             if S[L + 1, c1 + 1] > t + slack:
                 pruned += 1
                 continue
+            if rx[2][n - c1 - 1, 3]:
+                stats[4] += 1
+                if _relax_bound(rx, rw, F, L + 1, c1 + 1, n, 3, t + slack - e3) > t + slack - e3:
+                    stats[5] += 1
+                    pruned += 1
+                    continue
         K3 = _cnt2(n - c1 - 1)
         o = np.uint64(woff[c1])
         for k in range(np.uint64(K3)):
@@ -453,7 +582,7 @@ def _node4(
 @njit(cache=True, fastmath=_FM, _nrt=False)
 def _task_fast(
     Q, T, QP, W, woff, pa, pb, r, prefix, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
-    F, E, S, pos, cur, PE4, PE3, hbuf, stats, stop,
+    F, E, S, pos, cur, PE4, PE3, hbuf, stats, stop, rx, rw,
 ):  # fmt: skip
     """One task: the subtree below a prefix, depth first, down to the fused four-left nodes."""
     n = Q.shape[0]
@@ -470,10 +599,17 @@ def _task_fast(
     E[d0] = e
     s0 = prefix[d0 - 1] + 1 if d0 > 0 else 0
     if use_bound:
+        t = _threshold(thr, nth, cap)
         _suffix_bounds(F, d0, e, T, s0, r - d0, n, S, d0, hbuf)
-        if S[d0, s0] > _threshold(thr, nth, cap) + slack:
+        if S[d0, s0] > t + slack:
             stats[2] += 1
             return
+        if rx[2][n - s0, r - d0]:
+            stats[4] += 1
+            if _relax_bound(rx, rw, F, d0, s0, n, r - d0, t + slack - e) > t + slack - e:
+                stats[5] += 1
+                stats[2] += 1
+                return
     if r == 3:
         _pair_energies(F, 0, s0, n, QP, PE3)
         _scan3(
@@ -484,7 +620,7 @@ def _task_fast(
     if d0 == r - 4:
         _node4(
             Q, F, E, S, d0, s0, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr, nth, tid,
-            cap, slack, cur, hbuf, stats, stop,
+            cap, slack, cur, hbuf, stats, stop, rx, rw,
         )  # fmt: skip
         return
     L = d0
@@ -514,10 +650,16 @@ def _task_fast(
             if S[L + 1, c + 1] > t + slack:
                 pruned += 1
                 continue
+            if rx[2][n - c - 1, rho - 1]:
+                stats[4] += 1
+                if _relax_bound(rx, rw, F, L + 1, c + 1, n, rho - 1, t + slack - ec) > t + slack - ec:
+                    stats[5] += 1
+                    pruned += 1
+                    continue
         if L + 1 == r - 4:
             _node4(
                 Q, F, E, S, L + 1, c + 1, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr,
-                nth, tid, cap, slack, cur, hbuf, stats, stop,
+                nth, tid, cap, slack, cur, hbuf, stats, stop, rx, rw,
             )  # fmt: skip
             t = _threshold(thr, nth, cap)
             continue
@@ -531,7 +673,7 @@ def _task_fast(
 @njit(cache=True, parallel=True, nogil=True)
 def _batch_fast(
     Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth, cap, slack, stats,
-    stop,
+    stop, rx,
 ):  # fmt: skip
     n = Q.shape[0]
     npairs = _cnt2(n)
@@ -544,18 +686,19 @@ def _batch_fast(
         PE4 = np.empty(max(npairs, 1))
         PE3 = np.empty(max(npairs, 1))
         hbuf = np.empty(r + 1)
-        st = np.zeros(4, dtype=np.int64)
+        st = np.zeros(_NSTATS, dtype=np.int64)
+        rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
         while stop[0] == 0:
             i = lo + _fetch_add(counter, 0, 1)
             if i >= hi:
                 break
             _task_fast(
                 Q, T, QP, W, woff, pa, pb, r, tasks[i], use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
-                F, E, S, pos, cur, PE4, PE3, hbuf, st, stop,
+                F, E, S, pos, cur, PE4, PE3, hbuf, st, stop, rx, rw,
             )  # fmt: skip
             if stop[0] == 0:
                 st[3] += 1
-        for k in range(4):
+        for k in range(_NSTATS):
             stats[tid, k] += st[k]
 
 
@@ -588,7 +731,7 @@ def _child_ok(c, L, r, kind, capk, size, pmin, pmax, minsum, maxsum, avail, cnt,
 @njit(cache=True, fastmath=_FM, _nrt=False)
 def _task_generic(
     Q, T, r, prefix, use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e, heap_s, heap_n,
-    thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, stats, stop,
+    thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, stats, stop, rx, rw,
 ):  # fmt: skip
     n = Q.shape[0]
     d0 = prefix.shape[0]
@@ -610,10 +753,17 @@ def _task_generic(
             F[i + 1, j] = F[i, j] + Q[c, j]
     s0 = prefix[d0 - 1] + 1 if d0 > 0 else 0
     if use_bound:
+        t = _threshold(thr, nth, cap)
         _suffix_bounds(F, d0, E[d0], T, s0, r - d0, n, S, d0, hbuf)
-        if S[d0, s0] > _threshold(thr, nth, cap) + slack:
+        if S[d0, s0] > t + slack:
             stats[2] += 1
             return
+        if rx[2][n - s0, r - d0]:
+            stats[4] += 1
+            if _relax_bound(rx, rw, F, d0, s0, n, r - d0, t + slack - E[d0]) > t + slack - E[d0]:
+                stats[5] += 1
+                stats[2] += 1
+                return
     L = d0
     pos[L] = s0
     while L >= d0:
@@ -664,6 +814,12 @@ def _task_generic(
             if S[L + 1, c + 1] > t + slack:
                 stats[2] += 1
                 continue
+            if rx[2][n - c - 1, rho - 1]:
+                stats[4] += 1
+                if _relax_bound(rx, rw, F, L + 1, c + 1, n, rho - 1, t + slack - ec) > t + slack - ec:
+                    stats[5] += 1
+                    stats[2] += 1
+                    continue
         stats[0] += 1
         L += 1
         pos[L] = c + 1
@@ -672,7 +828,7 @@ def _task_generic(
 @njit(cache=True, parallel=True, nogil=True)
 def _batch_generic(
     Q, T, r, tasks, lo, hi, counter, use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
-    heap_s, heap_n, thr, nth, cap, slack, stats, stop,
+    heap_s, heap_n, thr, nth, cap, slack, stats, stop, rx,
 ):  # fmt: skip
     n = Q.shape[0]
     nk = capk.shape[0]
@@ -685,18 +841,19 @@ def _batch_generic(
         cnt = np.zeros((r + 1, nk), dtype=np.int64)
         P = np.zeros(r + 1, dtype=np.int64)
         hbuf = np.empty(r + 1)
-        st = np.zeros(4, dtype=np.int64)
+        st = np.zeros(_NSTATS, dtype=np.int64)
+        rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
         while stop[0] == 0:
             i = lo + _fetch_add(counter, 0, 1)
             if i >= hi:
                 break
             _task_generic(
                 Q, T, r, tasks[i], use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
-                heap_s, heap_n, thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, st, stop,
+                heap_s, heap_n, thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, st, stop, rx, rw,
             )  # fmt: skip
             if stop[0] == 0:
                 st[3] += 1
-        for k in range(4):
+        for k in range(_NSTATS):
             stats[tid, k] += st[k]
 
 
@@ -726,6 +883,10 @@ class EnumerateSolver(Solver):
             batch_seconds: target duration of one batch of tasks; the time limit and Ctrl-C are
                 checked between batches.
             seed_heuristic: seed the threshold with a greedy + swap-descent solution.
+            relaxation: also bound nodes by the convex relaxation of their completions (Frank–Wolfe;
+                only with ``bound``). Much stronger than the per-row bound at large M.
+            relax_iters: Frank–Wolfe iterations per node at most (it stops early when it can).
+            relax_min_states: use the relaxation only at nodes with at least this many states below.
         """
 
         threads: int | None = None
@@ -735,6 +896,9 @@ class EnumerateSolver(Solver):
         task_depth: int | None = None
         batch_seconds: float = 0.2
         seed_heuristic: bool = True
+        relaxation: bool = True
+        relax_iters: int = 30
+        relax_min_states: float = 1000.0
 
     @classmethod
     def make_options(cls, options: dict[str, Any]) -> Any:
@@ -759,6 +923,14 @@ class EnumerateSolver(Solver):
             raise SolverError(f"task_depth must be an integer >= 0 or None, got {opts.task_depth!r}.")
         if not (isinstance(opts.batch_seconds, (int, float)) and opts.batch_seconds > 0):
             raise SolverError(f"batch_seconds must be > 0, got {opts.batch_seconds!r}.")
+        if (
+            isinstance(opts.relax_iters, bool)
+            or not isinstance(opts.relax_iters, (int, np.integer))
+            or opts.relax_iters < 1
+        ):
+            raise SolverError(f"relax_iters must be an integer >= 1, got {opts.relax_iters!r}.")
+        if not (isinstance(opts.relax_min_states, (int, float)) and opts.relax_min_states >= 0):
+            raise SolverError(f"relax_min_states must be a number >= 0, got {opts.relax_min_states!r}.")
         return opts
 
     def run(self, problem: Problem, options: Any) -> SolverOutput:
@@ -804,6 +976,21 @@ def _side_arrays(problem: Problem, perm: np.ndarray, r: int) -> dict[str, Any]:
         "maxsum": maxsum,
         "avail": avail,
     }
+
+
+def _relaxation_shift(Q: np.ndarray) -> float:
+    """The smallest λ with C + λI positive semidefinite on {Σy = 0} (C: Q without its diagonal), plus a
+    margin for rounding. It may be negative (C already convex there): the bound is then tighter."""
+    n = Q.shape[0]
+    C = Q - np.diag(np.diag(Q))
+    if n < 2:
+        return 0.0
+    # orthonormal basis of the complement of the all-ones vector
+    basis, _ = np.linalg.qr(np.column_stack([np.ones(n), np.eye(n)[:, : n - 1]]))
+    B = basis[:, 1:]
+    low = float(np.linalg.eigvalsh(B.T @ C @ B)[0])
+    margin = 1e-9 * max(1.0, float(np.abs(C).sum(1).max()))
+    return -low + margin
 
 
 def _seed_states(Q: np.ndarray, best: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
@@ -874,6 +1061,8 @@ def _enumerate(problem: Problem, opts: Any) -> SolverOutput:
         states=res.states,
         pruned=res.pruned,
         tasks_done=res.done,
+        relaxations=res.relaxations,
+        relax_pruned=res.relax_pruned,
         interrupted=res.interrupted,
         timed_out=res.timed_out,
     )
@@ -929,6 +1118,9 @@ class EnumerationPlan:
     info: dict[str, Any]
     seed_energies: np.ndarray = field(default_factory=lambda: np.zeros(0))
     seed_positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int32))
+    relax_shift: float | None = None
+    relax_iters: int = 30
+    relax_min_states: float = 1000.0
     _tables: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -949,12 +1141,25 @@ class EnumerationPlan:
         return np.array([float(math.comb(n - int(t[-1]) - 1, r - d0)) for t in tasks])
 
     def tables(self) -> tuple:
-        """(T, pair tables) for the kernels, built on first use."""
+        """(T, pair tables, relaxation data) for the kernels, built on first use."""
         if self._tables is None:
             T = _bound_table(self.Q, self.r) if self.use_bound else np.zeros((1, 1, 1))
             pairs = _pair_tables(self.Q) if self.fast else None
-            self._tables = (T, pairs)
+            self._tables = (T, pairs, self._relaxation())
         return self._tables
+
+    def _relaxation(self) -> tuple:
+        """(A = C + λI, λ/2 per block, which (remaining, to remove) nodes use it, iterations)."""
+        n, r = self.n, self.r
+        big = np.zeros((n + 1, r + 1), dtype=np.uint8)
+        if self.relax_shift is None or not self.use_bound:
+            return (np.zeros((1, 1)), np.zeros(1), big, np.int64(1))
+        lam = float(self.relax_shift)
+        A = self.Q - np.diag(np.diag(self.Q)) + lam * np.eye(n)
+        for m in range(n + 1):
+            for rho in range(2, min(r, m - 1) + 1):
+                big[m, rho] = math.comb(m, rho) >= self.relax_min_states
+        return (np.ascontiguousarray(A), np.full(n, 0.5 * lam), big, np.int64(self.relax_iters))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -982,6 +1187,7 @@ class TaskResult:
         done: how many of the given tasks were searched completely.
         nodes / states / pruned: search statistics.
         interrupted / timed_out: why the search stopped early, if it did.
+        relaxations / relax_pruned: convex relaxations solved, and nodes they pruned.
     """
 
     energies: np.ndarray
@@ -992,6 +1198,8 @@ class TaskResult:
     pruned: int = 0
     interrupted: bool = False
     timed_out: bool = False
+    relaxations: int = 0
+    relax_pruned: int = 0
 
     def kth(self, k: int) -> float:
         """The k-th best energy found (an upper bound on the true k-th best), or inf with fewer states."""
@@ -1049,6 +1257,11 @@ def plan_enumeration(problem: Problem, options: Any = None) -> EnumerationPlan:
     info["task_depth"] = d0
     info["tasks"] = len(tasks)
     sa = _side_arrays(problem, perm, r) if side else _side_arrays_none(n, r)
+    relax_shift = None
+    if use_bound and opts.relaxation and not trivial and r >= 2:
+        relax_shift = _relaxation_shift(Q)
+        info["relaxation_shift"] = relax_shift
+    info["relaxation"] = relax_shift is not None
     return EnumerationPlan(
         Q=Q,
         perm=perm,
@@ -1070,6 +1283,9 @@ def plan_enumeration(problem: Problem, options: Any = None) -> EnumerationPlan:
         info=info,
         seed_energies=seed_energies,
         seed_positions=seed_positions,
+        relax_shift=relax_shift,
+        relax_iters=int(opts.relax_iters),
+        relax_min_states=float(opts.relax_min_states),
     )
 
 
@@ -1110,13 +1326,13 @@ def enumerate_tasks(
     r, K = plan.r, plan.k
     nth = int(threads) if threads is not None else numba.get_num_threads()
     Q, fast, use_bound, slack = plan.Q, plan.fast, plan.use_bound, plan.slack
-    T, pairs = plan.tables()
+    T, pairs, rx = plan.tables()
     sa = plan.side_arrays
     heap_e = np.full((nth, K), np.inf)
     heap_s = np.zeros((nth, K, r), dtype=np.int32)
     heap_n = np.zeros(nth * _PAD, dtype=np.int64)
     thr = np.full(nth * _PAD, np.inf)
-    stats = np.zeros((nth, 4), dtype=np.int64)
+    stats = np.zeros((nth, _NSTATS), dtype=np.int64)
     counter = np.zeros(1, dtype=np.int64)
     stop = np.zeros(1, dtype=np.int64)
     failure: list[BaseException] = []
@@ -1127,13 +1343,13 @@ def enumerate_tasks(
             pa, pb, QP, W, woff = pairs
             _batch_fast(
                 Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth,
-                cap, slack, stats, stop,
+                cap, slack, stats, stop, rx,
             )  # fmt: skip
         else:
             _batch_generic(
                 Q, T, r, tasks, lo, hi, counter, use_bound, plan.side, sa["kind"], sa["capk"], sa["size"], sa["pmin"],
                 sa["pmax"], sa["minsum"], sa["maxsum"], sa["avail"], heap_e, heap_s, heap_n, thr, nth, cap, slack,
-                stats, stop,
+                stats, stop, rx,
             )  # fmt: skip
 
     def left() -> float:
@@ -1199,6 +1415,8 @@ def enumerate_tasks(
         pruned=int(tot[2]),
         interrupted=interrupted and not complete,
         timed_out=timed_out and not complete,
+        relaxations=int(tot[4]),
+        relax_pruned=int(tot[5]),
     )
 
 

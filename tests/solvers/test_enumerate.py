@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -246,6 +247,8 @@ def test_warm_start_with_forced_blocks_uses_full_energies():
         ({"warm_start": float("nan")}, "warm_start"),
         ({"task_depth": -1}, "task_depth"),
         ({"batch_seconds": 0}, "batch_seconds"),
+        ({"relax_iters": 0}, "relax_iters"),
+        ({"relax_min_states": -1}, "relax_min_states"),
         ({"bogus": 1}, "no option"),
     ],
 )
@@ -327,3 +330,62 @@ def test_seed_states_are_real_states_with_their_energies():
         assert np.all(q.feasible(X, 6))
         np.testing.assert_allclose(q.energy(X), plan.seed_energies + plan.const, rtol=1e-9, atol=1e-9)
         assert len({tuple(x) for x in X}) == len(X)
+
+
+@pytest.mark.parametrize("kind", INSTANCE_KINDS)
+def test_relaxation_at_every_node_matches_brute_force(kind):
+    q = make_instance(kind, 14, 8)
+    for M in range(2, 13):
+        res = solve(q, M, "enumerate", k=6, relax_min_states=0, relax_iters=200)
+        assert res.info["relaxation"] is True
+        _check_against_reference(q, M, 6, res)
+    cons = make_constrained(14, 8)
+    for M in range(2, 8):
+        _, E = brute_force_topk(cons, M, 6)
+        if len(E):
+            _check_against_reference(cons, M, 6, solve(cons, M, "enumerate", k=6, relax_min_states=0))
+
+
+@pytest.mark.parametrize("kind", INSTANCE_KINDS)
+def test_relaxation_bound_never_exceeds_the_best_completion(kind):
+    # at random prefixes, the convex bound is below the best completion (itertools over the rest)
+    n = 13
+    q = make_instance(kind, n, 5)
+    problem = Problem(q, 6, 1, 0, None)
+    plan = en.plan_enumeration(problem, en.EnumerateSolver.make_options({"relax_min_states": 0, "relax_iters": 500}))
+    _, _, rx = plan.tables()
+    Q = plan.Q
+    rng = np.random.default_rng(0)
+    work = (np.zeros((5, n)), np.zeros(n + 1, dtype=np.int64), np.zeros(n + 1))
+    for _ in range(40):
+        depth = int(rng.integers(0, 4))
+        prefix = np.sort(rng.choice(7, size=depth, replace=False))
+        c0 = int(prefix[-1]) + 1 if depth else 0
+        rho = 6 - depth
+        F = np.zeros((1, n))
+        F[0] = np.diag(Q) + Q[prefix].sum(0)
+        e = float(np.diag(Q)[prefix].sum() + np.triu(Q[np.ix_(prefix, prefix)], 1).sum())
+        lb = en._relax_bound(rx, work, F, 0, c0, n, rho, np.inf)
+        best = np.inf
+        for rest in itertools.combinations(range(c0, n), rho):
+            S = np.concatenate([prefix, rest]).astype(int)
+            best = min(best, float(np.diag(Q)[S].sum() + np.triu(Q[np.ix_(S, S)], 1).sum()))
+        assert e + lb <= best + 1e-9
+
+
+def test_relaxation_shift_convexifies_on_the_cardinality_plane():
+    for kind in INSTANCE_KINDS:
+        Q = Problem(make_instance(kind, 15, 2), 5, 1, 0, None).Q
+        lam = en._relaxation_shift(Q)
+        A = Q - np.diag(np.diag(Q)) + lam * np.eye(15)
+        P = np.eye(15) - 1.0 / 15
+        assert np.linalg.eigvalsh(P @ A @ P).min() >= -1e-9
+
+
+def test_relaxation_prunes_large_M():
+    q = random_block_qubo(40, 0)
+    res = solve(q, 20, "enumerate", k=10)
+    assert res.exact and res.info["relax_pruned"] > 0
+    plain = solve(q, 20, "enumerate", k=10, relaxation=False)
+    np.testing.assert_allclose(res.energies, plain.energies, rtol=1e-12)
+    assert res.info["nodes"] < plain.info["nodes"] / 10
