@@ -19,6 +19,7 @@ def _register() -> None:
     from cbo.cli import setup_cmds  # noqa: F401
     from cbo.cli import model_cmds  # noqa: F401
     from cbo.cli import width_cmds  # noqa: F401
+    from cbo.cli import sweep_cmds  # noqa: F401
 
 
 def main() -> None:

@@ -197,14 +197,36 @@ def model_fingerprint(model: torch.nn.Module) -> str:
             h.update(cfg.to_json_string(use_diff=False).encode())
         except (TypeError, ValueError):
             h.update(repr(cfg).encode())
+    offloaded = _offloaded_weights(model)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if p.device.type == "meta" and name in offloaded:
+                p = offloaded[name]
             flat = p.detach().reshape(-1)
             step = max(1, flat.numel() // 1024)
             h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
             h.update(flat[::step].to(torch.float32).cpu().numpy().tobytes())
             h.update(np.float64(flat.to(torch.float32).sum().item()).tobytes())
     return h.hexdigest()[:16]
+
+
+def _offloaded_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Weights that accelerate offloaded (to CPU or disk; the parameter itself is on "meta"), by name."""
+    out: dict[str, torch.Tensor] = {}
+    for mod_name, module in model.named_modules():
+        hook = getattr(module, "_hf_hook", None)
+        for h in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):
+            wmap = getattr(h, "weights_map", None)
+            if wmap is None:
+                continue
+            prefix = f"{mod_name}." if mod_name else ""
+            for pname, p in module.named_parameters():
+                if p.device.type == "meta" and prefix + pname not in out:
+                    try:
+                        out[prefix + pname] = wmap[pname]
+                    except KeyError:
+                        continue
+    return out
 
 
 def model_name(model: torch.nn.Module) -> str:
@@ -285,7 +307,8 @@ def estimate_hessian(
     tokens = as_windows(windows, model)
     blocks = resolve_blocks(model, blocks if blocks is not None else granularity)
     granularity = "layer" if all(b.kind == "layer" for b in blocks) else "sublayer"
-    device = next(model.parameters()).device
+    # the input device; parameters offloaded by accelerate sit on "meta" and are skipped
+    device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     n_seq, seq_len = tokens.shape
     n_batches = (n_seq + batch_size - 1) // batch_size
     options_json = {k: v for k, v in dataclasses.asdict(opts).items()}

@@ -150,6 +150,9 @@ class Gates:
                         f"block {block.name!r}: cannot find its input hidden states (got "
                         f"{type(inp).__name__}); a decoder layer must take the hidden states first."
                     )
+                # a model split over devices (accelerate's device_map) hands a block its input on the
+                # previous block's device; the hook sees it before the block's own device move
+                inp = inp.to(out.device)
             a = gates.a[i]
             differentiate = torch.is_grad_enabled() and (gates.a.requires_grad or out.requires_grad)
             if not differentiate:
@@ -164,7 +167,8 @@ class Gates:
                     new = inp + v * (out - inp) if is_layer else v * out
             else:
                 branch = out - inp if is_layer else out
-                new = (inp + a.to(out.dtype) * branch) if is_layer else a.to(out.dtype) * out
+                a = a.to(device=out.device, dtype=out.dtype)
+                new = (inp + a * branch) if is_layer else a * out
                 rec = gates._recorder
                 if rec is not None and new.requires_grad:
                     saved = branch.detach()

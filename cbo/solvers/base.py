@@ -209,6 +209,8 @@ def solve(
     keep: Any = None,
     force: Any = None,
     progress: bool = False,
+    backend: str | Any = "local",
+    backend_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> RankedStates:
     """The ``k`` lowest-energy states that remove exactly ``remove`` blocks.
@@ -222,6 +224,9 @@ def solve(
         time_limit: seconds; a solver that stops early marks its result inexact.
         keep / force: override the QUBO's keep/force lists for this call.
         progress: show a progress bar on long runs.
+        backend: ``"local"`` (this process) or ``"ray"`` (exact enumeration sharded over Ray workers,
+            same result; needs the ``ray`` extra), or a ``cbo.distributed.RayBackend``.
+        backend_options: settings of the backend (``RayBackend`` fields: address, workers, ...).
         **options: solver settings (each solver's ``Options`` dataclass lists them).
 
     Example:
@@ -246,6 +251,12 @@ def solve(
         raise SolverError(f"time_limit must be > 0 seconds or None, got {time_limit!r}.")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**31))
+    if backend is None or backend == "local":
+        backend = None
+    elif backend != "ray" and type(backend).__name__ != "RayBackend":
+        raise SolverError(f"unknown backend {backend!r}; valid: 'local', 'ray' (or a cbo.distributed.RayBackend).")
+    elif solver == "auto":
+        solver = "enumerate"
     if _is_dimod_sampler(solver):
         options = {"sampler": solver, **options}
         solver = "dimod"
@@ -263,9 +274,16 @@ def solve(
     opts = cls.make_options(options)
     problem = Problem(qubo, int(remove), int(k), int(seed), time_limit, progress)
     instance = solver if isinstance(solver, Solver) else cls()
-    out = instance.run(problem, opts)
+    if backend is None:
+        out = instance.run(problem, opts)
+    else:
+        from cbo.distributed import run_on_backend
+
+        out = run_on_backend(backend, backend_options, cls, problem, opts)
     wall = problem.elapsed()
     recorded = {**_options_record(opts), "seed": seed, "time_limit": time_limit, "k": k}
+    if backend is not None:
+        recorded["backend"] = "ray"
     result = RankedStates.from_candidates(
         qubo,
         out.candidates,

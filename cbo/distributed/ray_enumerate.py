@@ -1,0 +1,480 @@
+"""Exact top-K enumeration sharded over Ray workers, identical in result to the single-process search.
+
+The driver prepares the search once (:func:`cbo.solvers.enumerate.plan_enumeration`: block order,
+seeded threshold, prefix tasks) and cuts the task list, in lexicographic order, into contiguous
+chunks holding about the same number of states (the leaves below each prefix). Each worker is a
+Ray actor that builds the lookup tables once and searches the chunks it is handed, with its own
+numba threads; chunks go to whichever worker is free, earliest prefixes first (with blocks ordered
+by ascending removal cost they hold the good states, which tightens the threshold early).
+
+Workers share the running K-th best through a small actor (the *board*): between batches a worker
+offers its local K-th best and gets back the smallest one offered by anyone. Every offered value is
+the energy of K distinct states, hence an upper bound on the global K-th best, so pruning with it
+never cuts a state of the true top-K; the driver merges the workers' heaps into the K best.
+
+A local Ray instance is started when none is running and no address is given; ``address`` (or
+``RAY_ADDRESS``) connects to a cluster, e.g. ``ray://head:10001``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cbo._extras import require
+from cbo.errors import SolverError
+from cbo.solvers.base import Problem, SolverOutput
+
+
+@dataclass
+class RayBackend:
+    """Where and how ``solve(..., backend="ray")`` runs the exact enumeration.
+
+    Attributes:
+        address: a Ray cluster (``"ray://host:10001"``, ``"auto"``, ``"host:6379"``); default: the
+            ``RAY_ADDRESS`` environment variable, else a local instance is started.
+        workers: Ray actors searching chunks (default: the cluster's CPUs / ``worker_threads``).
+        worker_threads: numba threads per worker (each worker reserves that many CPUs).
+        chunks_per_worker: the task list is cut into about ``workers × chunks_per_worker`` chunks of
+            equal size; more chunks balance better, fewer cost less scheduling.
+        num_cpus: CPUs of a local instance started here (default: ``os.cpu_count()``).
+        runtime_env: Ray runtime environment for cluster workers (e.g. ``{"pip": ["cbo[ray]"]}``).
+        init_options: extra keyword arguments to ``ray.init``.
+        keep_workers: keep the worker actors (and their loaded kernels) for the next solve, which
+            then starts in a fraction of a second; they hold their CPUs until
+            :func:`release_workers` or :func:`shutdown` (default: removed after each solve). Kept
+            workers are used by every later solve with the same ``worker_threads``.
+        ready_timeout: seconds to wait for the workers to start (an autoscaling cluster may need
+            minutes to add nodes).
+    """
+
+    address: str | None = None
+    workers: int | None = None
+    worker_threads: int = 1
+    chunks_per_worker: int = 8
+    num_cpus: int | None = None
+    runtime_env: dict[str, Any] | None = None
+    init_options: dict[str, Any] = field(default_factory=dict)
+    keep_workers: bool = False
+    ready_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "num_cpus"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+                raise SolverError(f"ray backend: {name} must be an integer >= 1 or None, got {v!r}.")
+        if isinstance(self.ready_timeout, bool) or not (
+            isinstance(self.ready_timeout, (int, float)) and self.ready_timeout > 0
+        ):
+            raise SolverError(f"ray backend: ready_timeout must be > 0 seconds, got {self.ready_timeout!r}.")
+        for name in ("worker_threads", "chunks_per_worker"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise SolverError(f"ray backend: {name} must be an integer >= 1, got {v!r}.")
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any] | None) -> RayBackend:
+        options = dict(options or {})
+        valid = [f.name for f in dataclasses.fields(cls)]
+        bad = sorted(set(options) - set(valid))
+        if bad:
+            raise SolverError(f"ray backend has no option(s) {bad}; valid options: {valid}.")
+        return cls(**options)
+
+
+# --------------------------------------------------------------------------------------- Ray setup
+def init_ray(
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    runtime_env: dict[str, Any] | None = None,
+    **init_options: Any,
+) -> Any:
+    """Connect to Ray (the running instance, ``address``, ``RAY_ADDRESS``, or a new local one); returns ``ray``.
+
+    Example:
+        >>> ray = init_ray(num_cpus=2)        # doctest: +SKIP
+    """
+    ray = require("ray", "ray", "distributed solving")
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    kwargs: dict[str, Any] = {"log_to_driver": False, **init_options}
+    if runtime_env is not None:
+        kwargs["runtime_env"] = runtime_env
+    try:
+        if address and address != "local":
+            ray.init(address=address, **kwargs)
+        else:
+            kwargs.setdefault("include_dashboard", False)
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = f"the Ray cluster at {address!r}" if address and address != "local" else "a local Ray instance"
+        raise SolverError(
+            f"could not start or reach {where}: {exc}. Check the address (ray://host:10001, auto, host:port), "
+            "or unset RAY_ADDRESS to start a local instance."
+        ) from exc
+    return ray
+
+
+def shutdown() -> None:
+    """Stop the Ray connection (and the local instance, if this process started one)."""
+    try:
+        import ray
+    except ImportError:
+        return
+    if ray.is_initialized():
+        release_workers()
+        ray.shutdown()
+    _POOL.clear()
+
+
+def cluster_cpus(ray: Any) -> int:
+    """Total CPUs of the connected Ray cluster."""
+    return int(ray.cluster_resources().get("CPU", 0))
+
+
+# --------------------------------------------------------------------------------------- actors
+class ThresholdBoard:
+    """The global pruning threshold: the smallest K-th best energy any worker has offered."""
+
+    def __init__(self) -> None:
+        self.value = np.inf
+        self.offers = 0
+
+    def reset(self, value: float) -> None:
+        self.value = float(value)
+        self.offers = 0
+
+    def offer(self, value: float) -> float:
+        self.offers += 1
+        if value < self.value:
+            self.value = float(value)
+        return self.value
+
+    def get(self) -> float:
+        return self.value
+
+    def count(self) -> int:
+        return self.offers
+
+
+class EnumerationWorker:
+    """Searches chunks of one plan's tasks; keeps the plan's tables (and its own K-th best) between chunks."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = int(threads)
+        self.plan: Any = None
+        self.board: Any = None
+        self.best = np.inf
+        self.warm: set[bool] = set()
+
+    def load(self, plan: Any, board: Any) -> bool:
+        """Take a new plan: build its tables and load its numba kernel (off the clock of the chunks)."""
+        self.plan, self.board, self.best = plan, board, np.inf
+        plan.tables()
+        if plan.fast not in self.warm:
+            _warm_kernels(plan.fast, self.threads)
+            self.warm.add(plan.fast)
+        return True
+
+    def search(self, lo: int, hi: int, seconds_left: float | None, batch_seconds: float) -> dict[str, Any]:
+        import ray
+
+        from cbo.solvers.enumerate import enumerate_tasks
+
+        plan = self.plan
+        deadline = None if seconds_left is None else time.perf_counter() + seconds_left
+        start = min(self.best, float(ray.get(self.board.get.remote())))
+
+        def share(local_kth: float) -> float:
+            return float(ray.get(self.board.offer.remote(min(local_kth, self.best))))
+
+        t0 = time.perf_counter()
+        res = enumerate_tasks(
+            plan,
+            plan.tasks[lo:hi],
+            threads=self.threads,
+            threshold=start,
+            batch_seconds=batch_seconds,
+            time_left=None if deadline is None else (lambda: deadline - time.perf_counter()),
+            share=share,
+        )
+        kth = res.kth(plan.k)
+        if kth < self.best:
+            self.best = kth
+        self.board.offer.remote(self.best)
+        return {
+            "lo": lo,
+            "hi": hi,
+            "energies": res.energies,
+            "positions": res.positions,
+            "done": res.done,
+            "nodes": res.nodes,
+            "states": res.states,
+            "pruned": res.pruned,
+            "timed_out": res.timed_out,
+            "interrupted": res.interrupted,
+            "seconds": time.perf_counter() - t0,
+            "pid": os.getpid(),
+        }
+
+
+def _warm_kernels(fast: bool, threads: int) -> None:
+    """Load (or compile) the numba kernel a plan uses by searching a tiny instance of the same kind."""
+    from cbo.qubo import BlockQUBO
+    from cbo.solvers.enumerate import enumerate_tasks, plan_enumeration
+
+    tiny = Problem(BlockQUBO(np.eye(8)), remove=5 if fast else 2, k=2, seed=0, time_limit=None)
+    enumerate_tasks(plan_enumeration(tiny), threads=threads)
+
+
+@functools.cache
+def _remote_classes(ray: Any) -> tuple[Any, Any]:
+    return ray.remote(num_cpus=0)(ThresholdBoard), ray.remote(EnumerationWorker)
+
+
+# Workers kept between solves (keep_workers=True), per Ray job and threads per worker.
+_POOL: dict[tuple[str, int], tuple[Any, list[Any]]] = {}
+
+
+def _job_key(ray: Any, threads: int) -> tuple[str, int]:
+    return (str(ray.get_runtime_context().get_job_id()), int(threads))
+
+
+def _workers(ray: Any, count: int, threads: int, keep: bool) -> tuple[Any, list[Any], list[Any]]:
+    """A board and ``count`` workers, kept ones first; returns (board, workers, the ones to remove after)."""
+    Board, Worker = _remote_classes(ray)
+    key = _job_key(ray, threads)
+    board, pooled = _POOL.get(key, (None, []))
+    temporary: list[Any] = []
+    if board is None:
+        board = Board.remote()
+        if not keep:
+            temporary.append(board)
+    actors = list(pooled[:count])
+    missing = count - len(actors)
+    if missing:
+        free = float(ray.available_resources().get("CPU", 0.0))
+        if missing * threads > free and _POOL:
+            raise SolverError(
+                f"ray backend: {missing} more workers need {missing * threads} free CPUs but only {free:g} are free; "
+                "workers kept with keep_workers=True hold theirs: call cbo.distributed.release_workers()."
+            )
+        fresh = [Worker.options(num_cpus=threads).remote(threads) for _ in range(missing)]
+        actors += fresh
+        if keep:
+            _POOL[key] = (board, list(pooled) + fresh)
+        else:
+            temporary += fresh
+    return board, actors, temporary
+
+
+def release_workers() -> None:
+    """Remove the workers kept by ``keep_workers=True`` (their CPUs return to the cluster)."""
+    try:
+        import ray
+    except ImportError:
+        return
+    if ray.is_initialized():
+        for board, actors in _POOL.values():
+            for actor in [*actors, board]:
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - already gone with its job
+                    pass
+    _POOL.clear()
+
+
+# --------------------------------------------------------------------------------------- splitting
+def balanced_chunks(leaves: np.ndarray, parts: int) -> list[tuple[int, int]]:
+    """Cut a task list into at most ``parts`` contiguous (lo, hi) runs with about equal leaf sums.
+
+    A task larger than the target share is a chunk of its own; every task is in exactly one chunk.
+    """
+    leaves = np.asarray(leaves, dtype=np.float64)
+    m = len(leaves)
+    if m == 0:
+        return []
+    parts = max(1, min(int(parts), m))
+    cum = np.cumsum(leaves)
+    total = float(cum[-1])
+    bounds = [0]
+    for j in range(1, parts):
+        # first index whose cumulative sum reaches j/parts of the total
+        cut = int(np.searchsorted(cum, total * j / parts, side="left")) + 1
+        cut = min(max(cut, bounds[-1] + 1), m)
+        if cut < m:
+            bounds.append(cut)
+    bounds.append(m)
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+def _choose_task_depth(plan_n: int, r: int, fast: bool, parts: int, requested: int | None) -> int | None:
+    """A task depth giving at least ``4 × parts`` prefixes when the default is too coarse (None: keep)."""
+    if requested is not None:
+        return None
+    dmax = max(r - 4, 0) if fast else r - 1
+    d = 0
+    while d < dmax and math.comb(plan_n - r + d, d) < 4 * parts:
+        d += 1
+    return d
+
+
+# --------------------------------------------------------------------------------------- the driver
+def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> SolverOutput:
+    """Exact top-K of ``problem`` on Ray workers (the ``enumerate`` solver's ``options`` apply)."""
+    from cbo.solvers.enumerate import (
+        EnumerateSolver,
+        TaskResult,
+        merge_task_results,
+        plan_enumeration,
+    )
+
+    if options is None:
+        options = EnumerateSolver.Options()
+    if options.threads is not None:
+        raise SolverError(
+            "with backend='ray' set the threads per worker with backend_options={'worker_threads': ...}, "
+            f"not the enumerate option threads={options.threads!r}."
+        )
+    t_start = time.perf_counter()
+    ray = init_ray(backend.address, num_cpus=backend.num_cpus, runtime_env=backend.runtime_env, **backend.init_options)
+    t_ready = time.perf_counter()
+    cpus = cluster_cpus(ray)
+    workers = backend.workers or max(1, cpus // backend.worker_threads)
+    if workers * backend.worker_threads > cpus:
+        raise SolverError(
+            f"ray backend: {workers} workers × {backend.worker_threads} threads need "
+            f"{workers * backend.worker_threads} CPUs but the Ray cluster has {cpus}; lower workers or worker_threads."
+        )
+    parts = workers * backend.chunks_per_worker
+    plan = plan_enumeration(problem, options)
+    depth = _choose_task_depth(plan.n, plan.r, plan.fast, parts, options.task_depth)
+    if depth is not None and depth > plan.task_depth:
+        plan = plan_enumeration(problem, dataclasses.replace(options, task_depth=depth))
+    info: dict[str, Any] = {
+        "backend": "ray",
+        "workers": workers,
+        "worker_threads": backend.worker_threads,
+        "threads": workers * backend.worker_threads,
+        **plan.info,
+        "ray_address": backend.address or os.environ.get("RAY_ADDRESS") or "local",
+        "ray_connect_s": round(t_ready - t_start, 3),
+    }
+    if plan.trivial:
+        Y = np.zeros((1, plan.n), dtype=np.uint8)
+        Y[:, : plan.r] = 1
+        info.update(states=1, nodes=0, pruned=0)
+        return SolverOutput(problem.expand(Y), exact=True, info=info)
+
+    chunks = balanced_chunks(plan.task_leaves(), parts)
+    info["chunks"] = len(chunks)
+    board, actors, temporary = _workers(ray, workers, backend.worker_threads, backend.keep_workers)
+    plan_ref = ray.put(plan)
+    results: list[TaskResult] = []
+    pending = list(chunks)
+    running: dict[Any, Any] = {}
+    interrupted = timed_out = False
+    done = 0
+    bar = None
+    if problem.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False)
+    totals = {"nodes": 0, "states": 0, "pruned": 0}
+    pids: set[int] = set()
+
+    def collect(ref: Any) -> None:
+        nonlocal done, timed_out, interrupted
+        out = ray.get(ref)
+        running.pop(ref)
+        results.append(
+            TaskResult(
+                energies=out["energies"],
+                positions=out["positions"],
+                done=out["done"],
+                timed_out=out["timed_out"],
+                interrupted=out["interrupted"],
+            )
+        )
+        done += out["done"]
+        for key in totals:
+            totals[key] += int(out[key])
+        timed_out |= bool(out["timed_out"])
+        interrupted |= bool(out["interrupted"])
+        pids.add(out["pid"])
+        if bar is not None:
+            bar.update(out["done"])
+
+    def submit(actor: Any) -> None:
+        lo, hi = pending.pop(0)
+        left = problem.time_left()
+        ref = actor.search.remote(lo, hi, None if math.isinf(left) else max(left, 0.0), options.batch_seconds)
+        running[ref] = actor
+
+    try:
+        ray.get(board.reset.remote(plan.cap))
+        loading = [a.load.remote(plan_ref, board) for a in actors]
+        started, _ = ray.wait(loading, num_returns=len(loading), timeout=backend.ready_timeout)
+        if len(started) < len(loading):
+            raise SolverError(
+                f"ray backend: only {len(started)} of {len(loading)} workers started within {backend.ready_timeout:g} s; "
+                f"the cluster has {float(ray.available_resources().get('CPU', 0.0)):g} free CPUs. Lower workers, "
+                "wait for the autoscaler (raise ready_timeout), or call cbo.distributed.release_workers()."
+            )
+        ray.get(loading)
+        info["ray_workers_ready_s"] = round(time.perf_counter() - t_ready, 3)
+        for actor in actors:
+            if pending:
+                submit(actor)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1)
+            actor = running[ready[0]]
+            collect(ready[0])
+            if problem.time_left() <= 0:
+                timed_out = timed_out or bool(pending)
+                continue
+            if pending:
+                submit(actor)
+    except ray.exceptions.RayError as exc:
+        raise SolverError(
+            f"a Ray worker failed: {exc}. On a cluster every node needs cbo and its dependencies: install "
+            "them in the nodes' environment or pass backend_options={'runtime_env': {...}}."
+        ) from exc
+    except KeyboardInterrupt:
+        interrupted = True
+        # keep what already finished
+        if running:
+            ready, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
+            for ref in ready:
+                collect(ref)
+    finally:
+        if bar is not None:
+            bar.close()
+        info["board_offers"] = int(ray.get(board.count.remote())) if not interrupted else None
+        for actor in temporary:
+            ray.kill(actor)
+
+    E, S = merge_task_results(plan, results)
+    info.update(
+        nodes=totals["nodes"],
+        states=totals["states"],
+        pruned=totals["pruned"],
+        tasks_done=done,
+        interrupted=interrupted,
+        timed_out=timed_out,
+        worker_processes=len(pids),
+        search_s=round(time.perf_counter() - t_ready, 3),
+    )
+    if not len(E) and plan.side:
+        info["hint"] = "no state satisfies the caps and the parameter budget together"
+    exact = not (interrupted or timed_out) and done == len(plan.tasks)
+    return SolverOutput(plan.states(S), exact=exact, info=info)
