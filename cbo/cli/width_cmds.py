@@ -75,6 +75,9 @@ def compress(
     gqa: str = typer.Option("group", help="Grouped-query units: group (whole KV groups) or query (heads per group)."),
     gamma: Optional[float] = typer.Option(None, help="MLP-vs-attention pruning ratio (default: parameter ratio)."),
     round_to: int = typer.Option(8, help="Kept MLP widths are multiples of this."),
+    allocation: Optional[str] = typer.Option(
+        None, help="global (rank all layers together) or uniform (same fraction per layer); default per score."
+    ),
     select_calibration: int = typer.Option(0, help="One-shot: candidate calibration batches for KL selection."),
     recovery_steps: int = typer.Option(0, help="MoP: recovery fine-tune steps per candidate."),
     final_recovery_steps: int = typer.Option(0, help="MoP: recovery fine-tune steps at the end."),
@@ -102,6 +105,7 @@ def compress(
             gqa=gqa,
             gamma=gamma,
             round_to=round_to,
+            allocation=allocation,
             score_options=_parse_options(option),
             select_calibration=select_calibration,
             recovery_steps=recovery_steps,

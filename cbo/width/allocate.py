@@ -19,6 +19,9 @@ grouped-query attention: 3.0 for Llama-3.2-3B (the NIRVANA reference default for
 SmolLM2-135M, 4.2 for Llama-3.1-8B. The reference uses 3.36 for Llama-3.1-8B, which is 0.8 × the parameter
 ratio and does not follow from the shapes; pass ``gamma=3.36`` to reproduce it.
 
+``allocation="uniform"`` replaces the global ranking by the same fraction in every layer (ranking only
+within each layer), for scores whose scale is not comparable across layers.
+
 Example:
     >>> alloc = allocate(scores, ratio=0.2)      # doctest: +SKIP
     >>> pruned = prune_width(model, alloc.plan)  # doctest: +SKIP
@@ -36,6 +39,8 @@ from cbo.width.scores.base import Key, UnitScores
 from cbo.width.structures import KINDS, ModelStructures
 
 torch = require("torch", "torch", "width allocation")
+
+ALLOCATIONS = ("global", "uniform")
 
 
 def gamma_for_shapes(*, intermediate: int, heads: int, kv_heads: int, head_dim: int, gated: bool = True) -> float:
@@ -82,12 +87,13 @@ class Allocation:
     gamma: float
     removed_units: dict[Key, list[int]] = field(default_factory=dict)
     kept: dict[Key, int] = field(default_factory=dict)
+    allocation: str = "global"
 
     def summary(self) -> str:
         a, m = self.removed_by_kind.get("attention", 0), self.removed_by_kind.get("mlp", 0)
         return (
             f"remove {self.removed_params:,} params (target {self.target_params:,}; attention {a:,}, MLP {m:,}; "
-            f"gamma={self.gamma:.3g})"
+            f"gamma={self.gamma:.3g}, {self.allocation})"
         )
 
 
@@ -159,6 +165,22 @@ def _take(chunks: list[_Chunk], budget: int) -> list[_Chunk]:
     return taken
 
 
+def _take_uniform(chunks: list[_Chunk], budget: int, sizes: dict[Key, int]) -> list[_Chunk]:
+    """Every layer gives the same share of its parameters; rounding carries over to the next layer."""
+    total = sum(sizes.values())
+    by_key: dict[Key, list[_Chunk]] = {}
+    for c in chunks:
+        by_key.setdefault(c.key, []).append(c)
+    taken: list[_Chunk] = []
+    carry = 0.0
+    for key in sorted(sizes):
+        share = budget * sizes[key] / total + carry if total else 0.0
+        mine = _take(by_key.get(key, []), int(round(share))) if share > 0 else []
+        taken += mine
+        carry = share - sum(c.cost for c in mine)
+    return taken
+
+
 def allocate(
     scores: UnitScores,
     *,
@@ -170,6 +192,7 @@ def allocate(
     min_neurons: int | None = None,
     max_layer_fraction: float | None = None,
     total_params: int | None = None,
+    allocation: str | None = None,
 ) -> Allocation:
     """Choose the units to remove so that about ``ratio`` of the model's parameters go.
 
@@ -184,12 +207,22 @@ def allocate(
         min_neurons: MLP neurons each layer keeps at least (default ``round_to``).
         max_layer_fraction: optional cap on the fraction of a layer's units that may go.
         total_params: parameter count ``ratio`` refers to (default: the model's).
+        allocation: ``"global"`` (rank units of all layers together, per kind) or ``"uniform"`` (every layer
+            loses the same fraction of its attention and of its MLP parameters, ranking within the layer; for
+            scores whose scale differs from layer to layer, such as activation magnitudes). Default: the
+            score's ``default_allocation`` (uniform for AMP, global for the others).
 
     Raises:
         InfeasibleError: ratio outside (0, 1); ``round_to`` larger than an MLP width; or a budget that the
             per-layer minimums cannot meet (it would leave a layer empty).
     """
     structs = scores.structures
+    if allocation is None:
+        from cbo.width.scores import get as get_score
+
+        allocation = get_score(scores.score).default_allocation
+    if allocation not in ALLOCATIONS:
+        raise InfeasibleError(f"unknown allocation {allocation!r}; use one of {ALLOCATIONS}")
     if round_to < 1:
         raise InfeasibleError(f"round_to must be >= 1, got {round_to}")
     if min_heads < 1:
@@ -246,7 +279,11 @@ def allocate(
     for kind in KINDS:
         if kind == "mlp":  # neurons are the fine-grained kind: they absorb the attention chunks' rounding
             budget["mlp"] = min(cap["mlp"], max(0, target - removed_by_kind["attention"]))
-        taken = _take(chunks[kind], budget[kind])
+        if allocation == "global":
+            taken = _take(chunks[kind], budget[kind])
+        else:
+            sizes = {k: structs.of_kind(kind)[k[0]].n_params for k in scores.keys() if k[1] == kind}
+            taken = _take_uniform(chunks[kind], budget[kind], sizes)
         removed_by_kind[kind] = sum(c.cost for c in taken)
         for c in taken:
             removed_units.setdefault(c.key, []).extend(c.units)
@@ -275,4 +312,5 @@ def allocate(
         gamma=g,
         removed_units={k: sorted(v) for k, v in removed_units.items()},
         kept=kept,
+        allocation=allocation,
     )

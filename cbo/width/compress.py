@@ -45,6 +45,7 @@ def width_prune(
     round_to: int = 8,
     min_heads: int = 1,
     min_neurons: int | None = None,
+    allocation: str | None = None,
     batch_size: int = 4,
     total_params: int | None = None,
     inplace: bool = False,
@@ -69,6 +70,7 @@ def width_prune(
         min_heads=min_heads,
         min_neurons=min_neurons,
         total_params=total_params,
+        allocation=allocation,
     )
     return prune_width(model, alloc.plan, inplace=inplace), alloc
 
@@ -207,6 +209,7 @@ def compress(
     gqa: str = "group",
     gamma: float | None = None,
     round_to: int = 8,
+    allocation: str | None = None,
     score_options: dict[str, Any] | None = None,
     select_calibration: int = 0,
     recovery_steps: int = 0,
@@ -239,6 +242,8 @@ def compress(
         scheduler: ``oneshot`` or ``mop``.
         criterion: MoP path criterion (``cosine``, ``kl``, ``ppl``, ``random``).
         depth_share: one-shot with depth: share of the budget taken by whole layers (rounded to layers).
+        allocation: ``global`` or ``uniform`` spreading of the width budget over layers (default: the
+            score's own; see :func:`cbo.width.allocate.allocate`).
         select_calibration: one-shot: number of candidate calibration batches for KL-based selection
             (0 or 1 = none); candidates are drawn from the calibration split, the control is the validation split.
         recovery_steps / final_recovery_steps / recovery: MoP recovery fine-tune (see :mod:`cbo.width.mop`).
@@ -307,6 +312,7 @@ def compress(
         gqa=gqa,
         gamma=gamma,
         round_to=round_to,
+        allocation=allocation,
         score_options=score_options or {},
         select_calibration=select_calibration,
         recovery_steps=recovery_steps,
@@ -342,6 +348,7 @@ def compress(
             gqa=gqa,
             gamma=gamma,
             round_to=round_to,
+            allocation=allocation,
             score_options=score_options,
             recovery_steps=recovery_steps,
             final_recovery_steps=final_recovery_steps,
@@ -395,6 +402,7 @@ def compress(
                     gamma=gamma,
                     round_to=round_to,
                     score_options=score_options,
+                    allocation=allocation,
                 )
                 windows = choice.windows
                 calib_info = {"index": choice.index, "kl": choice.kl, "candidates": select_calibration, "size": size}
@@ -406,6 +414,7 @@ def compress(
                 gqa=gqa,
                 gamma=gamma,
                 round_to=round_to,
+                allocation=allocation,
                 batch_size=batch_size,
                 inplace=pruned is not model,
                 score_options=score_options,

@@ -288,6 +288,7 @@ def mixture_of_pruners(
     gqa: str = "group",
     gamma: float | None = None,
     round_to: int = 8,
+    allocation: str | None = None,
     score_options: dict[str, Any] | None = None,
     recovery_steps: int = 0,
     final_recovery_steps: int = 0,
@@ -311,6 +312,8 @@ def mixture_of_pruners(
         criterion: ``cosine``, ``kl``, ``ppl`` or ``random`` (seeded by ``seed``).
         depth: ``antepenultimate`` (the paper), ``cbo`` (the QUBO picks the layer) or ``none`` (width only).
         width_score: a registered width score (default AMP, as in the paper).
+        allocation: how a width step spreads its budget over layers (default: the score's own, see
+            :func:`cbo.width.allocate.allocate`).
         recovery_steps / final_recovery_steps: optimizer steps after each candidate / at the end (0 = none).
         recovery: ``lora`` (peft) or ``full``.
         ref_logprobs: the original's log-probs on ``control`` (computed when omitted; used by ``kl``).
@@ -339,7 +342,7 @@ def mixture_of_pruners(
     target = int(round(ratio * p0))
     judge = _Criterion(criterion, model, control, batch_size, ref_logprobs) if criterion != "random" else None
     rng = np.random.default_rng(seed)
-    alloc = dict(gqa=gqa, gamma=gamma, round_to=round_to, score_options=score_options)
+    alloc = dict(gqa=gqa, gamma=gamma, round_to=round_to, allocation=allocation, score_options=score_options)
     current = model
     path: list[MoPStep] = []
     bar = None
@@ -372,6 +375,8 @@ def mixture_of_pruners(
                 )
             except InfeasibleError:
                 break
+            if removed == 0:
+                break  # the remainder is smaller than any chunk the allocation can take
             width_model = fine_tune(width_model, recovery_steps, 2 * step + 1)
             value = judge(width_model) if judge else None
             path.append(
@@ -407,6 +412,9 @@ def mixture_of_pruners(
                 built["width"], width_removed = _width_candidate(
                     base, calibration, budget, width_score, batch_size, **alloc
                 )
+                if width_removed == 0:
+                    del built["width"]
+                    raise InfeasibleError("the width step can remove nothing more")
             except InfeasibleError:
                 if criterion == "random" and layer is not None:
                     wanted = ["depth"]  # no width left to take: the coin's other side

@@ -129,3 +129,27 @@ def test_bad_input():
         allocate(s, ratio=0.1, gamma=0.0)
     with pytest.raises(InfeasibleError, match="exactly one"):
         allocate(s)
+
+
+def test_uniform_allocation_takes_the_same_share_of_every_layer():
+    model = _model()
+    s = score_units(model, None, "magnitude")
+    torch.manual_seed(0)
+    for key in s.values:  # very different scales per layer: a global ranking would strip layer 0
+        s.values[key] = torch.rand_like(s.values[key]) * 10.0 ** key[0]
+    glob = allocate(s, ratio=0.25, round_to=8, allocation="global")
+    assert glob.kept[(0, "mlp")] == 8  # layer 0 is stripped to the minimum
+    uni = allocate(s, ratio=0.25, round_to=8, allocation="uniform")
+    assert uni.allocation == "uniform"
+    removed = [256 - uni.kept[(i, "mlp")] for i in range(4)]
+    assert max(removed) - min(removed) <= 8  # the same share, up to one rounding chunk
+    assert abs(uni.removed_params - uni.target_params) <= 3 * 64 * 8
+    with pytest.raises(InfeasibleError, match="unknown allocation"):
+        allocate(s, ratio=0.2, allocation="layerwise")
+
+
+def test_amp_defaults_to_uniform_allocation():
+    model = _model()
+    windows = torch.randint(0, 128, (2, 8))
+    assert allocate(score_units(model, windows, "amp"), ratio=0.1).allocation == "uniform"
+    assert allocate(score_units(model, windows, "ntk"), ratio=0.1).allocation == "global"

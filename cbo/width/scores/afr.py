@@ -33,29 +33,36 @@ def power_transform(s, p: float):
     return torch.sign(s) * s.abs().pow(p)
 
 
-def percentile(t, q: float) -> float:
-    """The ``q``-th percentile of all entries of ``t`` with linear interpolation (as ``numpy.percentile``).
+def percentiles(t, qs) -> list[float]:
+    """Percentiles ``qs`` of all entries of ``t`` with linear interpolation (as ``numpy.percentile``).
 
-    Uses ``kthvalue`` so that tensors of any size work (``torch.quantile`` stops at 16M entries).
+    One sort serves every percentile; unlike ``torch.quantile`` it has no size limit.
     """
-    if not 0.0 <= q <= 100.0:
-        raise CBOError(f"percentile must be in [0, 100], got {q}")
-    flat = t.reshape(-1).double()
+    for q in qs:
+        if not 0.0 <= q <= 100.0:
+            raise CBOError(f"percentile must be in [0, 100], got {q}")
+    flat = t.reshape(-1).double().sort().values
     n = flat.numel()
-    rank = q / 100.0 * (n - 1)
-    lo, hi = int(rank // 1), min(int(rank // 1) + 1, n - 1)
-    v_lo = flat.kthvalue(lo + 1).values
-    if hi == lo or rank == lo:
-        return float(v_lo)
-    v_hi = flat.kthvalue(hi + 1).values
-    return float(v_lo + (rank - lo) * (v_hi - v_lo))
+    out = []
+    for q in qs:
+        rank = q / 100.0 * (n - 1)
+        lo = int(rank // 1)
+        hi = min(lo + 1, n - 1)
+        out.append(float(flat[lo] + (rank - lo) * (flat[hi] - flat[lo])))
+    return out
+
+
+def percentile(t, q: float) -> float:
+    """The ``q``-th percentile of all entries of ``t`` (linear interpolation, as ``numpy.percentile``)."""
+    return percentiles(t, [q])[0]
 
 
 def percentile_clip(s, lower: float, upper: float):
     """``s`` clamped to its own ``lower``-th and ``upper``-th percentiles."""
     if not 0.0 <= lower < upper <= 100.0:
         raise CBOError(f"clip percentiles must satisfy 0 <= lower < upper <= 100, got ({lower}, {upper})")
-    return s.clamp(percentile(s, lower), percentile(s, upper))
+    lo, hi = percentiles(s, [lower, upper])
+    return s.clamp(lo, hi)
 
 
 def aggregate(rows, sign_preserving: bool = True):

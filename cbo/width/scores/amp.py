@@ -5,7 +5,8 @@ enters ``down_proj`` (``c_proj`` / ``dense_4h_to_h``), for an attention head its
 ``o_proj`` (``c_proj`` / ``dense``), i.e. the head's attention output. Per token a head contributes the
 L2 norm of its slice (``head_norm="l2"``) or the mean absolute value (``"l1"``), a neuron its absolute
 value; tokens are averaged (``token_reduce="mean"``) or root-mean-squared (``"rms"``). A KV-group unit
-sums its query heads.
+sums its query heads. Activation scales grow with depth, so :func:`cbo.width.allocate.allocate` spends an
+AMP budget uniformly (the same fraction in every layer) unless told otherwise.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class AMPScore(WidthScore):
     name = "amp"
     aliases = ("activation",)
     description = "activation magnitude of each head / neuron at the output projection (MoP)"
+    # activation scales grow with depth, so a global ranking would strip the first layers
+    default_allocation = "uniform"
 
     @dataclass
     class Options:

@@ -61,6 +61,9 @@ class WidthScore:
     needs_data: ClassVar[bool] = True
     # options that only change finalize(): score_variants may vary them over one set of calibration passes
     finalize_options: ClassVar[tuple[str, ...]] = ()
+    # how allocate() spends a budget by default: "global" ranking, or "uniform" (same fraction per layer) for
+    # scores whose scale is not comparable from one layer to the next
+    default_allocation: ClassVar[str] = "global"
 
     @dataclass
     class Options:
