@@ -7,10 +7,10 @@ by working on the reduced problem (``Problem.Q`` over the free blocks), and per-
 parameter budget by rejecting moves that would break them.
 
 Both solvers keep a pool of the best distinct states seen (Zobrist-hashed) and finish with a
-*closure* pass: every pooled state's whole swap neighbourhood is scanned and any neighbour good
-enough for the pool is added, until the pool no longer changes. Low-lying excited states of these
-energies are mostly one swap apart, so the closure turns a found ground state into a complete
-low-energy list. Runs are seeded per restart, so a given seed gives the same states whatever the
+*closure* pass: every pooled state's whole single- and double-swap neighbourhood is scanned (each
+in O(1) per neighbour from the fields) and any neighbour good enough for the pool is added, until
+the pool no longer changes. Low-lying excited states of these energies are mostly one or two swaps
+apart, so the closure turns a found ground state into a complete low-energy list. Runs are seeded per restart, so a given seed gives the same states whatever the
 time limit cuts (unless it cuts).
 """
 
@@ -465,15 +465,40 @@ def _tabu(
 
 
 @njit(cache=True)
-def _closure(D, Qoff, kind, cap, size, pmin, pmax, r, keys, pool_E, pool_H, pool_X, pool_done, max_expand):
-    """Scan the swap neighbourhood of every pooled state (best first) until the pool is stable.
+def _move2_ok(a1, a2, b1, b2, kind, cnt, cap, size, p, pmin, pmax):
+    """Whether adding a1, a2 and dropping b1, b2 keeps the caps and the parameter budget."""
+    cnt[kind[b1]] -= 1
+    cnt[kind[b2]] -= 1
+    ok = True
+    cnt[kind[a1]] += 1
+    if cnt[kind[a1]] > cap[kind[a1]]:
+        ok = False
+    cnt[kind[a2]] += 1
+    if cnt[kind[a2]] > cap[kind[a2]]:
+        ok = False
+    cnt[kind[a1]] -= 1
+    cnt[kind[a2]] -= 1
+    cnt[kind[b1]] += 1
+    cnt[kind[b2]] += 1
+    q = p + size[a1] + size[a2] - size[b1] - size[b2]
+    return ok and q >= pmin and q <= pmax
 
-    Returns the number of states expanded; stops early after ``max_expand`` expansions.
+
+@njit(cache=True)
+def _closure(D, Qoff, kind, cap, size, pmin, pmax, r, keys, pool_E, pool_H, pool_X, pool_done, max_expand, depth):
+    """Scan the neighbourhood of every pooled state (best first) until the pool is stable.
+
+    depth 1: all single swaps; depth 2: also all double swaps (two blocks in, two out), which
+    reaches low states separated from the pool by a higher one. Returns the number of states
+    expanded; stops early after ``max_expand`` expansions.
     """
     n = D.shape[0]
     P = pool_E.shape[0]
+    m = n - r
     done = 0
     y = np.zeros(n, dtype=np.uint8)
+    y2 = np.zeros(n, dtype=np.uint8)
+    d = np.zeros((max(m, 1), max(r, 1)))
     while done < max_expand:
         s = -1
         for t in range(P):
@@ -490,15 +515,40 @@ def _closure(D, Qoff, kind, cap, size, pmin, pmax, r, keys, pool_E, pool_H, pool
         h = _fields(Qoff, y)
         ins, outs, where, cnt, p = _setup(y, kind, cap.shape[0], size)
         thr = pool_E[_worst(pool_E)]
-        for ti in range(n - r):
+        for ti in range(m):
             a = outs[ti]
             fa = D[a] + h[a]
             for tj in range(r):
                 b = ins[tj]
-                en = e + fa - D[b] - h[b] - Qoff[a, b]
+                d[ti, tj] = fa - D[b] - h[b] - Qoff[a, b]
+                en = e + d[ti, tj]
                 if en < thr and _move_ok(a, b, kind, cnt, cap, size, p, pmin, pmax):
                     if _pool_offer(pool_E, pool_H, pool_X, pool_done, en, hsh ^ keys[a] ^ keys[b], y, a, b):
                         thr = pool_E[_worst(pool_E)]
+        if depth < 2:
+            continue
+        # double swaps: y + a1 + a2 - b1 - b2 (one evaluation per unordered pair of each)
+        for t1 in range(m):
+            a1 = outs[t1]
+            for t2 in range(t1 + 1, m):
+                a2 = outs[t2]
+                qa = Qoff[a1, a2]
+                for u1 in range(r):
+                    b1 = ins[u1]
+                    base = e + d[t1, u1] + qa - Qoff[a2, b1]
+                    for u2 in range(u1 + 1, r):
+                        b2 = ins[u2]
+                        en = base + d[t2, u2] + Qoff[b1, b2] - Qoff[a1, b2]
+                        if en < thr and _move2_ok(a1, a2, b1, b2, kind, cnt, cap, size, p, pmin, pmax):
+                            for i in range(n):
+                                y2[i] = y[i]
+                            y2[a1] = 1
+                            y2[a2] = 1
+                            y2[b1] = 0
+                            y2[b2] = 0
+                            h2 = hsh ^ keys[a1] ^ keys[a2] ^ keys[b1] ^ keys[b2]
+                            if _pool_offer(pool_E, pool_H, pool_X, pool_done, en, h2, y2, -1, -1):
+                                thr = pool_E[_worst(pool_E)]
     return done
 
 
@@ -536,8 +586,8 @@ class _Run:
         order = np.argsort(self.pool_E, kind="stable")[:k]
         return tuple(int(h) for h in self.pool_H[order])
 
-    def close(self, max_expand: int) -> int:
-        return int(_closure(*self.constraint_args, *self.pool_args, max_expand))
+    def close(self, max_expand: int, depth: int) -> int:
+        return int(_closure(*self.constraint_args, *self.pool_args, max_expand, depth))
 
     def candidates(self, problem: Problem) -> np.ndarray:
         filled = self.pool_E < np.inf
@@ -631,7 +681,8 @@ class SwapAnnealer(Solver):
             replicas: 1 for annealing; >1 for parallel tempering over that many temperatures.
             t_hot / t_cold: temperature range; None derives it from random swap energy changes.
             pool: size of the kept best-state pool (default max(2k, k + 20)).
-            closure: expand the pool by scanning the swap neighbourhood of each kept state.
+            closure: 2 (default) scans the single- and double-swap neighbourhood of every kept
+                state until the pool is stable; 1 single swaps only; 0 off.
         """
 
         sweeps: int = 300
@@ -641,7 +692,7 @@ class SwapAnnealer(Solver):
         t_hot: float | None = None
         t_cold: float | None = None
         pool: int | None = None
-        closure: bool = True
+        closure: int = 2
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         _check_options(options, ("sweeps", "restarts", "replicas"))
@@ -660,7 +711,7 @@ class SwapAnnealer(Solver):
             )  # fmt: skip
 
         info = _drive(problem, run, step, int(options.restarts), int(options.patience), batch=4)
-        expanded = run.close(10**9 if options.closure else 0)
+        expanded = run.close(10**9 if options.closure else 0, _closure_depth(options.closure))
         info.update(
             {
                 "t_hot": t_hot,
@@ -695,7 +746,8 @@ class SwapTabu(Solver):
             patience: stop once this many restarts in a row leave the top-k unchanged (0: never).
             tenure: iterations a moved block stays tabu (default max(2, min(M, n−M) // 4)).
             pool: size of the kept best-state pool (default max(2k, k + 20)).
-            closure: expand the pool by scanning the swap neighbourhood of each kept state.
+            closure: 2 (default) scans the single- and double-swap neighbourhood of every kept
+                state until the pool is stable; 1 single swaps only; 0 off.
         """
 
         iterations: int = 400
@@ -703,7 +755,7 @@ class SwapTabu(Solver):
         patience: int = 16
         tenure: int | None = None
         pool: int | None = None
-        closure: bool = True
+        closure: int = 2
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         _check_options(options, ("iterations", "restarts"))
@@ -721,7 +773,7 @@ class SwapTabu(Solver):
             )  # fmt: skip
 
         info = _drive(problem, run, step, int(options.restarts), int(options.patience), batch=4)
-        expanded = run.close(10**9 if options.closure else 0)
+        expanded = run.close(10**9 if options.closure else 0, _closure_depth(options.closure))
         info.update(
             {
                 "tenure": int(tenure),
@@ -732,6 +784,14 @@ class SwapTabu(Solver):
             }
         )
         return SolverOutput(run.candidates(problem), exact=False, info=info)
+
+
+def _closure_depth(closure: Any) -> int:
+    if isinstance(closure, bool):
+        return 2 if closure else 0
+    if not isinstance(closure, (int, np.integer)) or closure not in (0, 1, 2):
+        raise SolverError(f"closure must be 0, 1 or 2, got {closure!r}.")
+    return int(closure)
 
 
 def _pool_size(pool: int | None, k: int) -> int:
