@@ -15,6 +15,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # each module adds its commands to `app` on import
+    from cbo.cli import demo_cmds  # noqa: F401
     from cbo.cli import qubo_cmds  # noqa: F401
     from cbo.cli import setup_cmds  # noqa: F401
     from cbo.cli import model_cmds  # noqa: F401
