@@ -162,11 +162,11 @@ class EstimatorSpec:
                 spec.options[key] = parse_value(value)
         return spec
 
-    def tag(self) -> str:
+    def tag(self, with_loss: bool = True) -> str:
         if self.label:
             return str(self.label)
         bits = [self.name] + [f"{k}={v}" for k, v in sorted(self.options.items())]
-        if self.loss != "kl":
+        if with_loss and self.loss != "kl":
             bits.append(f"loss={self.loss}")
         if self.windows:
             bits.append(f"w={self.windows}")

@@ -72,3 +72,51 @@ def test_depth_quality_quick(installed, tmp_path):
     again = json.loads((out / "depth_quality.json").read_text())
     assert again["new_measurements"] == 0
     assert [r["removed"] for r in again["rows"]] == [r["removed"] for r in data["rows"]]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_estimators_quick(installed, tmp_path):
+    out = tmp_path / "est"
+    _run(
+        "estimators.py",
+        "--quick",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--hessian-cache",
+        str(tmp_path / "h"),
+    )
+    data = json.loads((out / "estimators.json").read_text())
+    assert "| estimator | loss | M |" in (out / "estimators.md").read_text()
+    assert {(r["estimator"], r["loss"], r["remove"]) for r in data["fidelity"]} == {
+        ("fisher", loss, m) for loss in ("kl", "ce") for m in (2, 4)
+    }
+    for r in data["fidelity"]:
+        assert -1.0 <= r["all"]["spearman"] <= 1.0 and -1.0 <= r["all"]["kendall"] <= 1.0
+        assert r["best_low_kl"] <= r["ground_kl"]
+        low = data["sets"][str(r["remove"])]["low"][f"{r['estimator']}|{r['loss']}"]
+        energies = [e for _, e, _ in low]
+        assert energies == sorted(energies) and len(low[0][0]) == r["remove"]
+    for c in data["costs"]:
+        assert c["forward"] >= 1 and c["backward"] >= 1
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_speed_quick(installed, tmp_path):
+    out = tmp_path / "speed"
+    _run("speed.py", "--quick", "--threads", "1", "--out", str(out))
+    data = json.loads((out / "speed.json").read_text())
+    v = data["variants"]
+    assert set(v) == {"original", "depth", "width", "combined"}
+    assert v["depth"]["n_layers"] == v["original"]["n_layers"] - 8 == v["combined"]["n_layers"]
+    assert v["combined"]["n_params"] < min(v["depth"]["n_params"], v["width"]["n_params"]) < v["original"]["n_params"]
+    assert abs(v["width"]["removed_params"] - 0.25 * v["original"]["n_params"]) < 0.02 * v["original"]["n_params"]
+    for variant in v.values():
+        run = variant["runs"][0]
+        assert run["prefill_tokens_per_s"] > 0 and run["decode_tokens_per_s"] > 0
+        assert 0 < variant["peak_rss_mb"] < 64 * 1024
+    assert data["ideal_depth_speedup"] == pytest.approx(30 / 22)

@@ -1,0 +1,64 @@
+"""Save the default model's block-removal QUBOs under ``benchmarks/instances/`` (real instances for solver research).
+
+Each instance is a :class:`cbo.BlockQUBO` file (``BlockQUBO.load``) estimated on the same calibration windows as
+``depth_quality.py`` (32 x 128 tokens of *Emma*, seed 0), so the Hessian cache usually already holds them:
+
+* ``smollm2-135m_layer_fisher-kl.cboq``: 30 decoder layers, Fisher of the KL to the original;
+* ``smollm2-135m_layer_pairwise-kl.cboq``: 30 decoder layers, measured singles and pairs (8 windows, positive
+  couplings; the raw single/pair table is in the metadata under ``measured``);
+* ``smollm2-135m_sublayer_fisher-kl.cboq``: 60 attention / MLP halves, Fisher of the KL (kinds ``attention`` /
+  ``mlp`` and parameter sizes included, for caps and budgets).
+
+    .venv/bin/python benchmarks/make_instances.py
+    .venv/bin/python benchmarks/make_instances.py --specs fisher,pairwise:windows=8 --sublayer-specs fisher
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+INSTANCES = Path(__file__).resolve().parent / "instances"
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    C.add_common_args(p)
+    p.add_argument("--out", default=str(INSTANCES), help="folder for the .cboq files")
+    p.add_argument("--calibration", type=int, default=32, help="calibration windows (default 32)")
+    p.add_argument("--specs", default="fisher,pairwise:windows=8", help="layer estimator specs")
+    p.add_argument("--sublayer-specs", default="fisher", help="sublayer estimator specs")
+    args = p.parse_args(argv)
+    if args.seq_len is None:
+        args.seq_len = 128
+    C.setup_torch(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=0, n_test=0)
+    name = Path(str(args.model)).name
+    specs = [C.EstimatorSpec.parse(t) for t in C.split_list(args.specs)]
+    specs += [C.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_specs)]
+    written = []
+    for spec in specs:
+        qubo, wall = C.estimate(spec, model, tok, splits.calibration, args, not args.no_progress)
+        variant = spec.name + "".join(f"-{k}={v}" for k, v in sorted(spec.options.items()))
+        path = out / f"{name}_{spec.granularity}_{variant}-{spec.loss}.cboq"
+        qubo.metadata["instance"] = {
+            "source": "benchmarks/make_instances.py",
+            "spec": spec.to_json(),
+            "data": splits.info["documents"]["calibration"],
+            "seq_len": args.seq_len,
+        }
+        qubo.save(path)
+        written.append(path)
+        print(f"{path} ({qubo.n} blocks, estimated in {qubo.metadata.get('wall_time_s')} s; this call {wall:.1f} s)")
+    return written
+
+
+if __name__ == "__main__":
+    main()
