@@ -382,6 +382,25 @@ def command_line() -> str:
 class Stopwatch:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
+        self.c0 = cpu_seconds()
 
     def __call__(self) -> float:
         return time.perf_counter() - self.t0
+
+    def cpu(self) -> float:
+        """CPU seconds of this process since the start (user + system): on a machine shared with other jobs and
+        one torch thread, close to what the wall time would be on an idle machine."""
+        return cpu_seconds() - self.c0
+
+
+def cpu_seconds() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timing_line(result: dict) -> str:
+    cpu = result.get("cpu_time_s")
+    extra = f", {cpu:.0f} s of CPU time (user + system, all threads)" if cpu is not None else ""
+    return f"Wall time: {result['wall_time_s']:.0f} s{extra}"

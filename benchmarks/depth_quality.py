@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     result["original"]["validation"] = measurer.original("validation") if args.validate > 0 else None
     result["wall_time_s"] = round(clock(), 1)
+    result["cpu_time_s"] = round(clock.cpu(), 1)
     result["new_measurements"] = measurer.new_measurements
     C.write_json(out / "depth_quality.json", result)
     (out / "depth_quality.md").write_text(markdown(result))
@@ -361,7 +362,7 @@ def markdown(result: dict) -> str:
         f"Command: `{result['command']}`  ",
         f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, torch threads "
         f"{result['machine']['torch_threads']}, load average at start {result['machine']['load_average_at_start']}  ",
-        f"Wall time: {result['wall_time_s']:.0f} s ({result['new_measurements']} new measurements; the rest cached)  ",
+        f"{C.timing_line(result)} ({result['new_measurements']} new measurements; the rest cached)  ",
         f"Data: calibration {s['calibration']}, validation {s['validation']}, test {s['test']} windows x "
         f"{s['seq_len']} tokens (test: {', '.join(result['data']['documents']['test'])}); unpruned test PPL "
         f"{C.fmt(orig['ppl'])}, {orig['n_params'] / 1e6:.1f}M parameters, {n} layers.",
