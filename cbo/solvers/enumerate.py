@@ -454,6 +454,121 @@ def _relax_bound(rx, rw, F, row, c0, n, rho, target):
     return best
 
 
+# --------------------------------------------------------------------------------------- tail tables
+@njit(cache=True)
+def _tail_tables(Q, w):
+    """Every subset of the last ``w`` blocks, for nodes whose remaining blocks all lie among them.
+
+    Tail position p is block n − 1 − p. The subsets of size k are stored in colex order, so that the
+    subsets of the first m positions (the last m blocks) are a prefix, and those with largest
+    position p form the block [C(p, k), C(p + 1, k)) whose members are the (k−1)-subsets of {0..p−1}
+    plus p, in the same order as level k−1 itself. Returns (QI: internal coupling of each subset,
+    MASK: its positions as bits, off: start of each size, binom, RS[m, p]: coupling of p to the other
+    first-m positions, QIall[m]: internal coupling of the first m positions).
+    """
+    n = Q.shape[0]
+    binom = np.zeros((w + 2, w + 2), dtype=np.int64)
+    for a in range(w + 2):
+        binom[a, 0] = 1
+        for b in range(1, a + 1):
+            binom[a, b] = binom[a - 1, b - 1] + binom[a - 1, b]
+    off = np.zeros(w + 2, dtype=np.int64)
+    for k in range(w + 1):
+        off[k + 1] = off[k] + binom[w, k]
+    QI = np.zeros(max(off[w + 1], 1))
+    MASK = np.zeros(max(off[w + 1], 1), dtype=np.int64)
+    for k in range(1, w + 1):
+        for p in range(k - 1, w):
+            ln = binom[p, k - 1]
+            dst = off[k] + binom[p, k]
+            src = off[k - 1]
+            x = n - 1 - p
+            for i in range(ln):
+                msk = MASK[src + i]
+                acc = QI[src + i]
+                for q in range(p):
+                    if (msk >> q) & 1:
+                        acc += Q[x, n - 1 - q]
+                QI[dst + i] = acc
+                MASK[dst + i] = msk | (1 << p)
+    RS = np.zeros((w + 1, max(w, 1)))
+    QIall = np.zeros(w + 1)
+    for m in range(w + 1):
+        for p in range(m):
+            acc = 0.0
+            for q in range(m):
+                if q != p:
+                    acc += Q[n - 1 - p, n - 1 - q]
+            RS[m, p] = acc
+        QIall[m] = QI[off[m]]  # the first subset of size m in colex order is {0, ..., m − 1}
+    return QI, MASK, off, binom, RS, QIall
+
+
+@njit(cache=True, fastmath=_FM, _nrt=False)
+def _tail(F, row, e, s, n, rho, tl, SFb, gb, cur, L, heap_e, heap_s, heap_n, thr, nth, tid, cap, stats):
+    """Every state below a node whose remaining blocks are the last m = n − s: the rho-subsets of the
+    tail, scanned flat. Sums of fields over subsets are built level by level as contiguous vector
+    adds (level k, block p = level k−1's prefix + f_p); the last level is fused with a vectorized count
+    against the threshold. When rho > m/2 the m − rho blocks left out are enumerated instead."""
+    QI, MASK, off, binom, RS, QIall = tl
+    m = n - s
+    comp = 2 * rho > m
+    k = m - rho if comp else rho
+    if comp:
+        tot = 0.0
+        for p in range(m):
+            fx = F[row, n - 1 - p]
+            tot += fx
+            gb[p] = -(fx + RS[m, p])
+        base = e + tot + QIall[m]
+    else:
+        for p in range(m):
+            gb[p] = F[row, n - 1 - p]
+        base = e
+    t = _threshold(thr, nth, cap)
+    if k == 0:  # all m remaining blocks are removed: one state
+        stats[1] += 1
+        if base < t:
+            for p in range(m):
+                cur[L + p] = n - 1 - p
+            _push(heap_e, heap_s, heap_n, thr, tid, base, cur)
+        return
+    SFb[0] = 0.0
+    for j in range(1, k):
+        src = np.uint64(off[j - 1])
+        for p in range(j - 1, m):
+            dst = np.uint64(off[j] + binom[p, j])
+            gp = gb[p]
+            for i in range(np.uint64(binom[p, j - 1])):
+                SFb[dst + i] = SFb[src + i] + gp
+    src = np.uint64(off[k - 1])
+    lim = t - base
+    states = 0
+    for p in range(k - 1, m):
+        ln = binom[p, k - 1]
+        q0 = np.uint64(off[k] + binom[p, k])
+        gp = gb[p]
+        cnt = 0
+        for i in range(np.uint64(ln)):
+            if SFb[src + i] + gp + QI[q0 + i] < lim:
+                cnt += 1
+        states += ln
+        if cnt > 0:
+            for i in range(np.uint64(ln)):
+                v = SFb[src + i] + gp + QI[q0 + i]
+                if v < lim:
+                    msk = MASK[q0 + i]
+                    h = L
+                    for q in range(m):
+                        if ((msk >> q) & 1 == 1) != comp:
+                            cur[h] = n - 1 - q
+                            h += 1
+                    _push(heap_e, heap_s, heap_n, thr, tid, base + v, cur)
+                    t = _threshold(thr, nth, cap)
+                    lim = t - base
+    stats[1] += states
+
+
 # --------------------------------------------------------------------------------------- fast kernel
 # The search functions run without reference counting (``_nrt=False``: they allocate nothing), which
 # would otherwise cost atomic increments of every array argument on every call. Vectorized loops
@@ -536,7 +651,7 @@ def _scan3(
 @njit(cache=True, fastmath=_FM, _nrt=False)
 def _node4(
     Q, F, E, S, L, s, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap,
-    slack, cur, hbuf, stats, stop, rx, rw,
+    slack, cur, hbuf, stats, stop, rx, rw, tl, tw,
 ):  # fmt: skip
     """Every state below a node with four blocks left (level L, start s): its pair energies PE4 once,
     then per child c1 the grandchildren's pair energies PE4 + W_c1 in one contiguous pass."""
@@ -565,11 +680,35 @@ def _node4(
                     stats[5] += 1
                     pruned += 1
                     continue
+        nodes += 1
+        if n - c1 - 1 <= tw[2]:
+            _tail(
+                F,
+                L + 1,
+                e3,
+                c1 + 1,
+                n,
+                3,
+                tl,
+                tw[0],
+                tw[1],
+                cur,
+                L + 1,
+                heap_e,
+                heap_s,
+                heap_n,
+                thr,
+                nth,
+                tid,
+                cap,
+                stats,
+            )
+            t = _threshold(thr, nth, cap)
+            continue
         K3 = _cnt2(n - c1 - 1)
         o = np.uint64(woff[c1])
         for k in range(np.uint64(K3)):
             PE3[k] = PE4[k] + W[o + k]
-        nodes += 1
         _scan3(
             Q, F, L + 1, e3, PE3, L + 1, c1 + 1, n, T, W, woff, pa, pb, S, use_bound, heap_e, heap_s, heap_n, thr,
             nth, tid, cap, slack, cur, stats,
@@ -582,7 +721,7 @@ def _node4(
 @njit(cache=True, fastmath=_FM, _nrt=False)
 def _task_fast(
     Q, T, QP, W, woff, pa, pb, r, prefix, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
-    F, E, S, pos, cur, PE4, PE3, hbuf, stats, stop, rx, rw,
+    F, E, S, pos, cur, PE4, PE3, hbuf, stats, stop, rx, rw, tl, tw,
 ):  # fmt: skip
     """One task: the subtree below a prefix, depth first, down to the fused four-left nodes."""
     n = Q.shape[0]
@@ -610,6 +749,9 @@ def _task_fast(
                 stats[5] += 1
                 stats[2] += 1
                 return
+    if n - s0 <= tw[2]:
+        _tail(F, d0, e, s0, n, r - d0, tl, tw[0], tw[1], cur, d0, heap_e, heap_s, heap_n, thr, nth, tid, cap, stats)
+        return
     if r == 3:
         _pair_energies(F, 0, s0, n, QP, PE3)
         _scan3(
@@ -620,7 +762,7 @@ def _task_fast(
     if d0 == r - 4:
         _node4(
             Q, F, E, S, d0, s0, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr, nth, tid,
-            cap, slack, cur, hbuf, stats, stop, rx, rw,
+            cap, slack, cur, hbuf, stats, stop, rx, rw, tl, tw,
         )  # fmt: skip
         return
     L = d0
@@ -656,10 +798,18 @@ def _task_fast(
                     stats[5] += 1
                     pruned += 1
                     continue
+        if n - c - 1 <= tw[2]:
+            nodes += 1
+            _tail(
+                F, L + 1, ec, c + 1, n, rho - 1, tl, tw[0], tw[1], cur, L + 1, heap_e, heap_s, heap_n, thr, nth, tid,
+                cap, stats,
+            )  # fmt: skip
+            t = _threshold(thr, nth, cap)
+            continue
         if L + 1 == r - 4:
             _node4(
                 Q, F, E, S, L + 1, c + 1, n, T, QP, W, woff, pa, pb, PE4, PE3, use_bound, heap_e, heap_s, heap_n, thr,
-                nth, tid, cap, slack, cur, hbuf, stats, stop, rx, rw,
+                nth, tid, cap, slack, cur, hbuf, stats, stop, rx, rw, tl, tw,
             )  # fmt: skip
             t = _threshold(thr, nth, cap)
             continue
@@ -673,7 +823,7 @@ def _task_fast(
 @njit(cache=True, parallel=True, nogil=True)
 def _batch_fast(
     Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth, cap, slack, stats,
-    stop, rx,
+    stop, rx, tl,
 ):  # fmt: skip
     n = Q.shape[0]
     npairs = _cnt2(n)
@@ -688,13 +838,15 @@ def _batch_fast(
         hbuf = np.empty(r + 1)
         st = np.zeros(_NSTATS, dtype=np.int64)
         rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
+        window = tl[3].shape[0] - 2
+        tw = (np.zeros(max(tl[2][window + 1], 1)), np.zeros(max(window, 1)), window)
         while stop[0] == 0:
             i = lo + _fetch_add(counter, 0, 1)
             if i >= hi:
                 break
             _task_fast(
                 Q, T, QP, W, woff, pa, pb, r, tasks[i], use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
-                F, E, S, pos, cur, PE4, PE3, hbuf, st, stop, rx, rw,
+                F, E, S, pos, cur, PE4, PE3, hbuf, st, stop, rx, rw, tl, tw,
             )  # fmt: skip
             if stop[0] == 0:
                 st[3] += 1
@@ -887,6 +1039,8 @@ class EnumerateSolver(Solver):
                 only with ``bound``). Much stronger than the per-row bound at large M.
             relax_iters: Frank–Wolfe iterations per node at most (it stops early when it can).
             relax_min_states: use the relaxation only at nodes with at least this many states below.
+            tail: nodes whose remaining blocks all lie among the last ``tail`` blocks enumerate their
+                states flat from precomputed subset tables (2^tail entries; 0 switches it off).
         """
 
         threads: int | None = None
@@ -899,6 +1053,7 @@ class EnumerateSolver(Solver):
         relaxation: bool = True
         relax_iters: int = 30
         relax_min_states: float = 1000.0
+        tail: int = 16
 
     @classmethod
     def make_options(cls, options: dict[str, Any]) -> Any:
@@ -931,6 +1086,8 @@ class EnumerateSolver(Solver):
             raise SolverError(f"relax_iters must be an integer >= 1, got {opts.relax_iters!r}.")
         if not (isinstance(opts.relax_min_states, (int, float)) and opts.relax_min_states >= 0):
             raise SolverError(f"relax_min_states must be a number >= 0, got {opts.relax_min_states!r}.")
+        if isinstance(opts.tail, bool) or not isinstance(opts.tail, (int, np.integer)) or not 0 <= opts.tail <= 20:
+            raise SolverError(f"tail must be an integer in 0..20, got {opts.tail!r}.")
         return opts
 
     def run(self, problem: Problem, options: Any) -> SolverOutput:
@@ -1121,6 +1278,7 @@ class EnumerationPlan:
     relax_shift: float | None = None
     relax_iters: int = 30
     relax_min_states: float = 1000.0
+    tail_window: int = 0
     _tables: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -1141,11 +1299,12 @@ class EnumerationPlan:
         return np.array([float(math.comb(n - int(t[-1]) - 1, r - d0)) for t in tasks])
 
     def tables(self) -> tuple:
-        """(T, pair tables, relaxation data) for the kernels, built on first use."""
+        """(T, pair tables, relaxation data, tail tables) for the kernels, built on first use."""
         if self._tables is None:
             T = _bound_table(self.Q, self.r) if self.use_bound else np.zeros((1, 1, 1))
             pairs = _pair_tables(self.Q) if self.fast else None
-            self._tables = (T, pairs, self._relaxation())
+            tail = _tail_tables(self.Q, min(self.tail_window, self.n) if self.fast else 0)
+            self._tables = (T, pairs, self._relaxation(), tail)
         return self._tables
 
     def _relaxation(self) -> tuple:
@@ -1286,6 +1445,7 @@ def plan_enumeration(problem: Problem, options: Any = None) -> EnumerationPlan:
         relax_shift=relax_shift,
         relax_iters=int(opts.relax_iters),
         relax_min_states=float(opts.relax_min_states),
+        tail_window=int(opts.tail),
     )
 
 
@@ -1326,7 +1486,7 @@ def enumerate_tasks(
     r, K = plan.r, plan.k
     nth = int(threads) if threads is not None else numba.get_num_threads()
     Q, fast, use_bound, slack = plan.Q, plan.fast, plan.use_bound, plan.slack
-    T, pairs, rx = plan.tables()
+    T, pairs, rx, tl = plan.tables()
     sa = plan.side_arrays
     heap_e = np.full((nth, K), np.inf)
     heap_s = np.zeros((nth, K, r), dtype=np.int32)
@@ -1343,7 +1503,7 @@ def enumerate_tasks(
             pa, pb, QP, W, woff = pairs
             _batch_fast(
                 Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth,
-                cap, slack, stats, stop, rx,
+                cap, slack, stats, stop, rx, tl,
             )  # fmt: skip
         else:
             _batch_generic(

@@ -33,10 +33,12 @@ def _check_against_reference(q, M, k, res):
 
 @pytest.mark.parametrize("kind", INSTANCE_KINDS)
 @pytest.mark.parametrize("n,seed", [(9, 0), (12, 1), (14, 2)])
-def test_all_M_match_brute_force(kind, n, seed):
+@pytest.mark.parametrize("tail", [0, 6, 16])
+def test_all_M_match_brute_force(kind, n, seed, tail):
+    # tail=0: the fused kernels alone; 6: fused above, flat tail below; 16: the flat tail alone
     q = make_instance(kind, n, seed)
     for M in range(n + 1):
-        res = solve(q, M, "enumerate", k=7)
+        res = solve(q, M, "enumerate", k=7, tail=tail)
         assert res.exact
         _check_against_reference(q, M, 7, res)
 
@@ -126,7 +128,10 @@ def test_k_larger_than_the_number_of_states(M):
     _check_against_reference(q, M, 500, res)
 
 
-@pytest.mark.parametrize("options", [{"bound": False}, {"order": "natural"}, {"seed_heuristic": False}])
+@pytest.mark.parametrize(
+    "options",
+    [{"bound": False}, {"order": "natural"}, {"seed_heuristic": False}, {"tail": 0, "bound": False}, {"tail": 9}],
+)
 def test_settings_do_not_change_the_answer(options):
     q = make_instance("block", 16, 11)
     for M in (3, 5, 8, 12):
@@ -249,6 +254,7 @@ def test_warm_start_with_forced_blocks_uses_full_energies():
         ({"batch_seconds": 0}, "batch_seconds"),
         ({"relax_iters": 0}, "relax_iters"),
         ({"relax_min_states": -1}, "relax_min_states"),
+        ({"tail": 21}, "tail"),
         ({"bogus": 1}, "no option"),
     ],
 )
@@ -353,7 +359,7 @@ def test_relaxation_bound_never_exceeds_the_best_completion(kind):
     q = make_instance(kind, n, 5)
     problem = Problem(q, 6, 1, 0, None)
     plan = en.plan_enumeration(problem, en.EnumerateSolver.make_options({"relax_min_states": 0, "relax_iters": 500}))
-    _, _, rx = plan.tables()
+    _, _, rx, _ = plan.tables()
     Q = plan.Q
     rng = np.random.default_rng(0)
     work = (np.zeros((5, n)), np.zeros(n + 1, dtype=np.int64), np.zeros(n + 1))

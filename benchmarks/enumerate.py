@@ -1,0 +1,138 @@
+"""Benchmark the exact CPU enumerator on synthetic block QUBOs.
+
+Two measurements per instance (``cbo.instances.random_block_qubo(n, seed=0)``), with 1 and 2 threads:
+
+* plain enumeration: every one of the C(n, M) states visited (``bound=False``), reported as states/s;
+* exact top-10: the default search (per-row bound + convex relaxation + seeded threshold), wall time.
+
+Then the stretch cases (40,20) and (80,16): exact top-10 with a time limit (default 60 s), and
+whether the result was proven.
+
+    python benchmarks/enumerate.py                 # full run (a few minutes on 2 cores)
+    python benchmarks/enumerate.py --quick         # small instances, seconds
+    python benchmarks/enumerate.py --no-plain      # skip the full enumerations
+
+Kernels are loaded (or compiled) on a tiny instance first; the first-call time is printed separately
+and excluded from every figure. The load average at start is printed: other processes on the machine
+slow wall times down. Writes ``enumerate.json`` to ``--out`` (default ``benchmarks/out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cbo import solve  # noqa: E402
+from cbo.instances import random_block_qubo  # noqa: E402
+
+CASES = [(32, 16), (40, 12), (80, 8)]
+STRETCH = [(40, 20), (80, 16)]
+QUICK_CASES = [(24, 8), (28, 10)]
+QUICK_STRETCH = [(32, 12)]
+
+
+def _warm(threads: int) -> float:
+    t0 = time.perf_counter()
+    q = random_block_qubo(12, 0)
+    for M in (2, 6):  # generic and fused kernels
+        solve(q, M, "enumerate", k=3, threads=threads)
+    solve(q.with_constraints(caps={"layer": 5}), 4, "enumerate", k=3, threads=threads)
+    return time.perf_counter() - t0
+
+
+def _run(n: int, M: int, threads: int, time_limit: float | None, **options: Any) -> dict[str, Any]:
+    q = random_block_qubo(n, 0)
+    t0 = time.perf_counter()
+    res = solve(q, M, "enumerate", k=10, threads=threads, time_limit=time_limit, **options)
+    wall = time.perf_counter() - t0
+    info = res.info
+    return {
+        "n": n,
+        "M": M,
+        "threads": threads,
+        "wall_s": wall,
+        "exact": res.exact,
+        "states": info["states"],
+        "total_states": math.comb(n, M),
+        "states_per_s": info["states"] / wall if wall > 0 else float("nan"),
+        "nodes": info["nodes"],
+        "pruned": info["pruned"],
+        "relaxations": info.get("relaxations", 0),
+        "ground": float(res.energies[0]),
+        "tenth": float(res.energies[-1]),
+        "options": options,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small instances (a smoke run)")
+    ap.add_argument("--no-plain", action="store_true", help="skip the full enumerations")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
+    ap.add_argument("--stretch-limit", type=float, default=60.0, help="time limit of the stretch cases (s)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
+    args = ap.parse_args(argv)
+
+    cases = QUICK_CASES if args.quick else CASES
+    stretch = QUICK_STRETCH if args.quick else STRETCH
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    print(f"kernel load/compile (first calls, excluded): {_warm(max(args.threads)):.2f} s")
+    rows: list[dict[str, Any]] = []
+
+    if not args.no_plain:
+        print("\nplain enumeration (bound off, every state visited, top-10 kept)")
+        print(f"{'instance':>10} {'threads':>7} {'states':>10} {'wall s':>8} {'states/s':>10}")
+        for n, M in cases:
+            for th in args.threads:
+                row = _run(n, M, th, None, bound=False)
+                row["kind"] = "plain"
+                rows.append(row)
+                print(
+                    f"{f'({n},{M})':>10} {th:>7} {row['states']:>10.3g} {row['wall_s']:>8.2f} "
+                    f"{row['states_per_s']:>10.3g}",
+                    flush=True,
+                )
+
+    print("\nexact top-10 (default: per-row bound + convex relaxation + seeded threshold)")
+    print(f"{'instance':>10} {'threads':>7} {'wall s':>8} {'exact':>6} {'states':>10} {'nodes':>9} {'E0':>8} {'E9':>8}")
+    for n, M in cases:
+        for th in args.threads:
+            row = _run(n, M, th, None)
+            row["kind"] = "top10"
+            rows.append(row)
+            print(
+                f"{f'({n},{M})':>10} {th:>7} {row['wall_s']:>8.3f} {str(row['exact']):>6} {row['states']:>10.3g} "
+                f"{row['nodes']:>9} {row['ground']:>8.4f} {row['tenth']:>8.4f}",
+                flush=True,
+            )
+
+    print(f"\nstretch: exact top-10 within {args.stretch_limit:g} s")
+    print(f"{'instance':>10} {'threads':>7} {'wall s':>8} {'proven':>6} {'nodes':>9} {'relax':>9} {'E0':>8} {'E9':>8}")
+    for n, M in stretch:
+        th = max(args.threads)
+        row = _run(n, M, th, args.stretch_limit)
+        row["kind"] = "stretch"
+        rows.append(row)
+        print(
+            f"{f'({n},{M})':>10} {th:>7} {row['wall_s']:>8.2f} {str(row['exact']):>6} {row['nodes']:>9} "
+            f"{row['relaxations']:>9} {row['ground']:>8.4f} {row['tenth']:>8.4f}",
+            flush=True,
+        )
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "enumerate.json"
+    path.write_text(json.dumps({"load_average_at_start": os.getloadavg(), "rows": rows}, indent=1))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
