@@ -26,7 +26,7 @@ from cbo.errors import SolverError
 from cbo.solvers.base import Problem, Solver, SolverOutput, get, register
 
 GPU_RATE = 2e10
-CPU_RATE_PER_THREAD = 4e8
+CPU_RATE_PER_THREAD = 1e9
 ATTEMPT_FACTOR = 100.0
 
 
