@@ -1,0 +1,243 @@
+"""Width pruning on the default model (SmolLM2-135M): every score, AFR ablations, one-shot vs MoP.
+
+For each parameter-reduction ratio (fraction of *all* parameters, embeddings included) it prunes the model
+with magnitude, Taylor (absolute), AFR-structured (all three fixes, then each switched off in turn), NTK
+(NIRVANA), AMP (uniform per layer, its default, and with the global ranking), CBO depth + NTK width
+(one-shot), and the MoP scheduler (AMP width, antepenultimate depth, KL criterion), then reports held-out perplexity, KL to the original and next-token agreement on the test
+split, and measured prefill / decode tokens/s (:func:`cbo.evaluate.throughput`).
+
+Data (default Austen splits of :func:`cbo.data.make_splits`): calibration 8 windows x 128 tokens (Emma),
+control 4 x 128 (validation novel; MoP criterion), test 16 x 128 (Persuasion). Scores are computed once and
+allocated for every ratio; the AFR variants share one set of calibration passes.
+
+Usage:
+    python benchmarks/width.py                  # default run (~10-15 min on 2 CPU cores)
+    python benchmarks/width.py --quick          # < 2 min: ratio 0.1, tiny splits, fewer methods
+    python benchmarks/width.py --json out.json  # also write the rows as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from cbo.blocks import find_blocks
+from cbo.data import make_splits
+from cbo.evaluate import count_parameters, evaluate, reference_logits, throughput
+from cbo.models import load_model
+from cbo.surgery.depth import remove_blocks
+from cbo.surgery.width import prune_width
+from cbo.width.allocate import allocate
+from cbo.width.compress import depth_layers
+from cbo.width.mop import mixture_of_pruners
+from cbo.width.scores import score_units, score_variants
+
+AFR_VARIANTS = {
+    "afr": {},
+    "afr -power": {"power": False},
+    "afr -clip": {"clip": False},
+    "afr -sign": {"sign": False},
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--quick", action="store_true", help="ratio 0.1, tiny splits, fewer methods (< 2 min)")
+    p.add_argument("--ratios", type=float, nargs="+", default=None)
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--n-calibration", type=int, default=None)
+    p.add_argument("--n-control", type=int, default=None)
+    p.add_argument("--n-test", type=int, default=None)
+    p.add_argument("--no-speed", action="store_true", help="skip the tokens/s measurements")
+    p.add_argument("--no-mop", action="store_true")
+    p.add_argument("--json", type=Path, default=None, help="write the rows here")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    return p.parse_args(argv)
+
+
+def settings(args) -> dict:
+    if args.quick:
+        base = dict(
+            ratios=[0.1],
+            seq_len=64,
+            n_calibration=2,
+            n_control=2,
+            n_test=2,
+            speed=dict(prompt_len=16, new_tokens=4, repeats=1),
+        )
+    else:
+        base = dict(
+            ratios=[0.2, 0.4],
+            seq_len=128,
+            n_calibration=8,
+            n_control=4,
+            n_test=16,
+            speed=dict(prompt_len=128, new_tokens=32, repeats=3),
+        )
+    for key in ("ratios", "seq_len", "n_calibration", "n_control", "n_test"):
+        value = getattr(args, key)
+        if value is not None:
+            base[key] = value
+    return base
+
+
+def measure(
+    name: str, ratio: float, model, p0: int, test, ref, speed, seconds: float, extra: dict | None = None
+) -> dict:
+    ev = evaluate(model, test, ref, batch_size=4)
+    row = {
+        "method": name,
+        "ratio": ratio,
+        "params": ev["n_params"],
+        "removed": 1 - ev["n_params"] / p0,
+        "ppl": ev["ppl"],
+        "kl": ev["kl"],
+        "agreement": ev["agreement"],
+        "prune_s": seconds,
+    }
+    if speed is not None:
+        t = throughput(model, **speed)
+        row["prefill_tok_s"] = t["prefill_tokens_per_s"]
+        row["decode_tok_s"] = t["decode_tokens_per_s"]
+    row.update(extra or {})
+    print(format_row(row), flush=True)
+    return row
+
+
+def format_row(r: dict) -> str:
+    speed = ""
+    if "prefill_tok_s" in r:
+        speed = f" | {r['prefill_tok_s']:8.0f} | {r['decode_tok_s']:6.1f}"
+    return (
+        f"| {r['method']:<22} | {r['ratio']:.2f} | {r['removed']:6.1%} | {r['ppl']:8.2f} | {r['kl']:6.3f} | "
+        f"{r['agreement']:.3f}{speed} | {r['prune_s']:6.1f} |"
+    )
+
+
+def header(speed: bool) -> str:
+    cols = (
+        ["method", "target", "removed", "PPL", "KL", "agree"]
+        + (["prefill tok/s", "decode tok/s"] if speed else [])
+        + ["prune s"]
+    )
+    return "| " + " | ".join(cols) + " |\n|" + "|".join("---" if c == "method" else "---:" for c in cols) + "|"
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    cfg = settings(args)
+    speed = None if args.no_speed else cfg["speed"]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_all = time.perf_counter()
+    model, tok = load_model(args.model)
+    splits = make_splits(
+        tok,
+        None,
+        seq_len=cfg["seq_len"],
+        n_calibration=cfg["n_calibration"],
+        n_validation=cfg["n_control"],
+        n_test=cfg["n_test"],
+    )
+    calib, control, test = splits.calibration, splits.validation, splits.test
+    print(
+        f"model {args.model}, {count_parameters(model):,} parameters; calibration {tuple(calib.shape)}, control "
+        f"{tuple(control.shape)}, test {tuple(test.shape)}; torch threads {torch.get_num_threads()}; {platform.processor() or platform.machine()}"
+    )
+    p0 = count_parameters(model)
+    ref = reference_logits(model, test, batch_size=4)
+    print(header(speed is not None))
+    rows = [measure("original", 0.0, model, p0, test, ref, speed, 0.0)]
+
+    # scores: computed once, allocated for every ratio; (label, scores, allocation, seconds)
+    scored: list[tuple[str, object, str | None, float]] = []
+    for name in ("magnitude", "taylor", "afr", "ntk", "amp"):
+        t0 = time.perf_counter()
+        if name == "afr" and not args.quick:
+            variants = score_variants(model, calib, "afr", list(AFR_VARIANTS.values()))
+            for label, s in zip(AFR_VARIANTS, variants):
+                scored.append((label, s, None, (time.perf_counter() - t0) / len(AFR_VARIANTS)))
+            continue
+        if args.quick and name == "taylor":
+            continue
+        s = score_units(model, calib if name != "magnitude" else None, name)
+        t = time.perf_counter() - t0
+        if name == "amp":  # AMP's default is uniform; its global ranking shows why
+            scored.append(("amp (uniform)", s, "uniform", t))
+            scored.append(("amp (global)", s, "global", t))
+        else:
+            scored.append((name, s, None, t))
+
+    for ratio in cfg["ratios"]:
+        for label, s, allocation, t_score in scored:
+            t0 = time.perf_counter()
+            alloc = allocate(s, ratio=ratio, allocation=allocation)
+            pruned = prune_width(model, alloc.plan)
+            rows.append(
+                measure(
+                    label,
+                    ratio,
+                    pruned,
+                    p0,
+                    test,
+                    ref,
+                    speed,
+                    t_score + time.perf_counter() - t0,
+                    {"allocation": alloc.allocation},
+                )
+            )
+            del pruned
+        if not args.quick:
+            # one-shot depth + width: half the budget in whole layers chosen by the CBO QUBO, the rest by NTK
+            t0 = time.perf_counter()
+            per_layer = find_blocks(model, "layer")[0].n_params
+            n_layers = int(round(0.5 * ratio * p0 / per_layer))
+            layers = depth_layers(model, n_layers, "cbo", calib, solver="enumerate", progress=False)
+            pruned = remove_blocks(model, layers)
+            ntk = score_units(pruned, calib, "ntk")
+            alloc = allocate(
+                ntk, remove_params=int(round(ratio * p0)) - (p0 - count_parameters(pruned)), total_params=p0
+            )
+            pruned = prune_width(pruned, alloc.plan, inplace=True)
+            rows.append(
+                measure(
+                    "cbo depth + ntk", ratio, pruned, p0, test, ref, speed, time.perf_counter() - t0, {"layers": layers}
+                )
+            )
+            del pruned
+        if not args.no_mop:
+            t0 = time.perf_counter()
+            result = mixture_of_pruners(
+                model, calib, control, ratio=ratio, criterion="kl", depth="antepenultimate", width_score="amp"
+            )
+            rows.append(
+                measure(
+                    "mop (amp, kl)",
+                    ratio,
+                    result.model,
+                    p0,
+                    test,
+                    ref,
+                    speed,
+                    time.perf_counter() - t0,
+                    {"path": result.path_string()},
+                )
+            )
+            print(f"    MoP path at {ratio:.2f}: {result.path_string()}", flush=True)
+    print(f"total {time.perf_counter() - t_all:.0f} s")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"settings": cfg, "data": splits.info, "rows": rows}, indent=2, default=str) + "\n"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

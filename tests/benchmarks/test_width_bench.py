@@ -1,0 +1,44 @@
+"""benchmarks/width.py --quick on the default model: it runs, and its rows are consistent."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.model
+def test_width_bench_quick(tmp_path):
+    from cbo.errors import DataError, ModelError
+    from cbo.models import resolve_model
+
+    try:
+        resolve_model("smollm2-135m")
+        from cbo.assets import default_text_path
+
+        default_text_path()
+    except (ModelError, DataError) as exc:
+        pytest.skip(f"default model or text not installed ({exc})")
+    out = tmp_path / "width.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "width.py"), "--quick", "--threads", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    methods = [r["method"] for r in rows]
+    assert methods[0] == "original" and rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert {"magnitude", "afr", "ntk", "amp (uniform)", "amp (global)", "mop (amp, kl)"} <= set(methods)
+    for r in rows[1:]:
+        assert abs(r["removed"] - r["ratio"]) < 0.03  # within a few percent of the target
+        assert math.isfinite(r["ppl"]) and r["kl"] > 0 and r["prefill_tok_s"] > 0
+    assert "| method |" in proc.stdout

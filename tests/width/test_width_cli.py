@@ -1,0 +1,70 @@
+"""`cbo compress`, `cbo widths` and `cbo width-scores` on a tiny model folder with a word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cbo.cli import _register, app
+
+WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
+
+
+@pytest.fixture
+def folder(tmp_path, tiny_model):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
+    model = tiny_model("llama", n_layers=6, vocab_size=len(vocab))
+    path = tmp_path / "tiny-model"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    text = tmp_path / "text"
+    text.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        (text / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, 400)))
+    return path, text
+
+
+SMALL = ["--seq-len", "16", "--n-calibration", "4", "--n-validation", "2", "--n-test", "2", "--no-speed"]
+
+
+def test_compress_oneshot_and_mop(folder, tmp_path):
+    _register()
+    model, text = folder
+    runner = CliRunner()
+    out = tmp_path / "pruned"
+    args = ["compress", str(model), "--ratio", "0.2", "--width", "ntk", "--text", str(text), "--out", str(out)]
+    res = runner.invoke(app, [*args, "--json", str(tmp_path / "r.json"), *SMALL])
+    assert res.exit_code == 0, res.output
+    assert "perplexity" in res.output and "KL to original" in res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["width"] == "ntk" and 0.1 < report["ratio"] < 0.3
+    assert json.loads((tmp_path / "r.json").read_text())["params_after"] == report["params_after"]
+    res = runner.invoke(app, ["widths", str(out)])
+    assert res.exit_code == 0, res.output and "MLP width" in res.output
+
+    args = ["compress", str(model), "-r", "0.3", "-s", "mop", "--criterion", "cosine", "-d", "antepenultimate"]
+    res = runner.invoke(app, [*args, "--text", str(text), "--option", "head_norm=l1", *SMALL])
+    assert res.exit_code == 0, res.output
+    assert "MoP path:" in res.output
+
+
+def test_compress_errors_and_score_list(folder):
+    _register()
+    model, text = folder
+    runner = CliRunner()
+    res = runner.invoke(app, ["compress", str(model), "--ratio", "1.5", "--text", str(text), *SMALL])
+    assert res.exit_code == 2 and "ratio must be in (0, 1)" in res.output
+    res = runner.invoke(app, ["compress", str(model), "--width", "wanda", "--text", str(text), *SMALL])
+    assert res.exit_code == 2 and "unknown width score 'wanda'" in res.output
+    res = runner.invoke(app, ["width-scores"])
+    assert res.exit_code == 0 and all(n in res.output for n in ("afr", "amp", "magnitude", "ntk", "taylor"))
