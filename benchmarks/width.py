@@ -57,6 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--n-test", type=int, default=None)
     p.add_argument("--no-speed", action="store_true", help="skip the tokens/s measurements")
     p.add_argument("--no-mop", action="store_true")
+    p.add_argument("--mop-cbo", action="store_true", help="also run MoP with CBO depth candidates (slower)")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     return p.parse_args(argv)
@@ -212,25 +213,16 @@ def main(argv=None) -> list[dict]:
                 )
             )
             del pruned
-        if not args.no_mop:
+        mop_runs = [] if args.no_mop else ["antepenultimate"] + (["cbo"] if args.mop_cbo else [])
+        for depth in mop_runs:
             t0 = time.perf_counter()
             result = mixture_of_pruners(
-                model, calib, control, ratio=ratio, criterion="kl", depth="antepenultimate", width_score="amp"
+                model, calib, control, ratio=ratio, criterion="kl", depth=depth, width_score="amp"
             )
-            rows.append(
-                measure(
-                    "mop (amp, kl)",
-                    ratio,
-                    result.model,
-                    p0,
-                    test,
-                    ref,
-                    speed,
-                    time.perf_counter() - t0,
-                    {"path": result.path_string()},
-                )
-            )
-            print(f"    MoP path at {ratio:.2f}: {result.path_string()}", flush=True)
+            label = "mop (amp, kl)" if depth == "antepenultimate" else "mop (amp, kl, cbo depth)"
+            extra = {"path": result.path_string()}
+            rows.append(measure(label, ratio, result.model, p0, test, ref, speed, time.perf_counter() - t0, extra))
+            print(f"    {label} path at {ratio:.2f}: {result.path_string()}", flush=True)
     print(f"total {time.perf_counter() - t_all:.0f} s")
     if args.json:
         args.json.write_text(

@@ -41,7 +41,7 @@ def percentiles(t, qs) -> list[float]:
     for q in qs:
         if not 0.0 <= q <= 100.0:
             raise CBOError(f"percentile must be in [0, 100], got {q}")
-    flat = t.reshape(-1).double().sort().values
+    flat = t.reshape(-1).sort().values
     n = flat.numel()
     out = []
     for q in qs:
@@ -113,7 +113,7 @@ class AFRScore(GradientScore):
     def finalize(self) -> dict[Key, object]:
         out = {}
         for key, units in self.units.items():
-            signed = self.per_weight(key, lambda w, g: self.transform((-w * g).double()))
+            signed = self.per_weight(key, lambda w, g: self.transform((-w * g).float()))
             rows = gather_units(self.structure(key), units, signed)
             out[key] = aggregate(torch.cat([r for _, r in rows], dim=1), self.options.sign).float()
         return out
