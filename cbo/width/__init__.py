@@ -19,6 +19,7 @@ import importlib
 
 _LAZY = {
     "score_units": "cbo.width.scores",
+    "score_variants": "cbo.width.scores",
     "allocate": "cbo.width.allocate",
     "default_gamma": "cbo.width.allocate",
     "prune_width": "cbo.surgery.width",
@@ -27,7 +28,10 @@ _LAZY = {
     "layer_widths": "cbo.width.structures",
     "select_calibration": "cbo.width.calibration",
     "width_prune": "cbo.width.compress",
-    "mop": "cbo.width.mop",
+    "mixture_of_pruners": "cbo.width.mop",
+    "recover": "cbo.width.mop",
+    "save_pruned": "cbo.surgery.io",
+    "load_pruned": "cbo.surgery.io",
     "compress": "cbo.width.compress",
 }
 

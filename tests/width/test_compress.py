@@ -79,3 +79,12 @@ def test_compress_bad_input(model):
             measure_speed=False,
             **{k: v for k, v in SMALL.items() if k != "speed_options"},
         )
+
+
+def test_public_names_resolve():
+    import cbo
+    import cbo.width
+
+    for name in cbo.width.__all__:
+        assert callable(getattr(cbo.width, name))
+    assert cbo.compress is compress and cbo.load_pruned is load_pruned
