@@ -7,8 +7,12 @@
 * :mod:`cbo.width.mop` — the Mixture-of-Pruners scheduler (depth or width, one step at a time);
 * :mod:`cbo.width.compress` — :func:`compress`, the end-to-end call with a before/after report.
 
+The functions below are re-exported here, except those named like their module (``allocate``,
+``compress``): import them from :mod:`cbo.width.allocate` and :mod:`cbo.width.compress` (``cbo.compress``).
+
 Example:
-    >>> from cbo.width import score_units, allocate, prune_width          # doctest: +SKIP
+    >>> from cbo.width import score_units, prune_width                   # doctest: +SKIP
+    >>> from cbo.width.allocate import allocate                          # doctest: +SKIP
     >>> plan = allocate(score_units(model, windows, "ntk"), ratio=0.2).plan  # doctest: +SKIP
     >>> small = prune_width(model, plan)                                 # doctest: +SKIP
 """
@@ -20,7 +24,6 @@ import importlib
 _LAZY = {
     "score_units": "cbo.width.scores",
     "score_variants": "cbo.width.scores",
-    "allocate": "cbo.width.allocate",
     "default_gamma": "cbo.width.allocate",
     "prune_width": "cbo.surgery.width",
     "WidthPlan": "cbo.surgery.width",
@@ -32,7 +35,6 @@ _LAZY = {
     "recover": "cbo.width.mop",
     "save_pruned": "cbo.surgery.io",
     "load_pruned": "cbo.surgery.io",
-    "compress": "cbo.width.compress",
 }
 
 
