@@ -40,6 +40,39 @@ def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedPro
     return proc
 
 
+def _bench_module(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import importlib
+
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_estimator_specs_parse_run_keys_and_options():
+    C = _bench_module("_common")
+    spec = C.EstimatorSpec.parse("pairwise:windows=8:couplings=raw:coupling_scale=0.5:loss=ce")
+    assert (spec.name, spec.windows, spec.loss) == ("pairwise", 8, "ce")
+    assert spec.options == {"couplings": "raw", "coupling_scale": 0.5}
+    assert spec.tag() == "pairwise:coupling_scale=0.5:couplings=raw:loss=ce:w=8"
+    assert spec.tag(with_loss=False) == "pairwise:coupling_scale=0.5:couplings=raw:w=8"
+    assert C.EstimatorSpec.parse("fisher:label=F").tag() == "F"
+    with pytest.raises(SystemExit):
+        C.EstimatorSpec.parse("fisher:samples")
+
+
+def test_random_sets_and_fidelity():
+    E = _bench_module("estimators")
+    sets = E.random_sets(10, 3, 50, seed=0)
+    assert len(sets) == len(set(sets)) == 50 and all(len(s) == 3 and list(s) == sorted(s) for s in sets)
+    assert sets == E.random_sets(10, 3, 50, seed=0) != E.random_sets(10, 3, 50, seed=1)
+    assert len(E.random_sets(5, 4, 100, seed=0)) == 5  # only C(5, 4) exist
+    f = E.fidelity([1, 2, 3, 4], [10, 20, 40, 30])
+    assert f["spearman"] == pytest.approx(0.8) and f["kendall"] == pytest.approx(4 / 6) and f["n"] == 4
+    assert math.isnan(E.fidelity([1, 1, 1], [1, 2, 3])["spearman"])
+
+
 @pytest.mark.model
 @pytest.mark.slow
 def test_depth_quality_quick(installed, tmp_path):
