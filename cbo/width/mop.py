@@ -362,13 +362,9 @@ def mixture_of_pruners(
         remaining = target - (p0 - before)
         if remaining <= 0:
             break
-        layer = choose_depth_layer(
-            current, depth, calibration, estimator=estimator, solver=solver, batch_size=batch_size, seed=seed
-        )
         blocks = find_blocks(current, "layer")
-        budget = blocks[layer].n_params if layer is not None else sum(b.n_params for b in blocks) // len(blocks)
-        final = remaining < budget / 2
-        if final:
+        mean_layer = sum(b.n_params for b in blocks) // len(blocks)
+        if remaining < mean_layer / 2:  # less than half a layer left: one width step takes exactly the rest
             try:
                 width_model, removed = _width_candidate(
                     current, calibration, remaining, width_score, batch_size, **alloc
@@ -399,6 +395,10 @@ def mixture_of_pruners(
             if bar:
                 bar.update(removed)
             break
+        layer = choose_depth_layer(
+            current, depth, calibration, estimator=estimator, solver=solver, batch_size=batch_size, seed=seed
+        )
+        budget = blocks[layer].n_params if layer is not None else mean_layer
         base = current
         orig = _original_index(base, layer) if layer is not None else None
         if criterion == "random":  # a seeded coin picks the step; only that candidate is built
