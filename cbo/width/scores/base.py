@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -52,7 +53,7 @@ class UnitScores:
         return sorted(self.values, key=lambda k: (k[0], KINDS.index(k[1])))
 
 
-class WidthScore:
+class WidthScore(abc.ABC):
     """Base class of every width score; subclasses register with :func:`register`."""
 
     name: ClassVar[str] = ""
@@ -93,13 +94,16 @@ class WidthScore:
 
     # lifecycle -------------------------------------------------------------------------------
     def attach(self) -> None:
-        """Register hooks and switches; everything registered here is undone by :meth:`remove`."""
+        """Register hooks and switches; everything registered here is undone by :meth:`remove` (none by default)."""
+        return None
 
     def accumulate(self, batch: Any) -> None:
-        """Process one batch of token ids ``(B, T)``."""
+        """Process one batch of token ids ``(B, T)`` (data-free scores need nothing)."""
+        return None
 
-    def finalize(self) -> dict[Key, Any]:  # pragma: no cover - abstract
-        raise NotImplementedError  # abstract
+    @abc.abstractmethod
+    def finalize(self) -> dict[Key, Any]:
+        """Per-unit importances ``{(layer, kind): (n_units,) tensor}``; may be called more than once."""
 
     def remove(self) -> None:
         """Remove every hook this score registered (safe to call twice)."""
@@ -278,8 +282,9 @@ class GradientScore(WidthScore):
             p.grad = None
         self._grad_sum: dict[int, Any] = {}
 
-    def objective(self, batch: Any) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError  # abstract
+    @abc.abstractmethod
+    def objective(self, batch: Any) -> Any:
+        """The scalar whose gradient the score uses, for one batch."""
 
     def accumulate(self, batch: Any) -> None:
         with torch.enable_grad():
