@@ -1,7 +1,7 @@
 """Exact top-K on Ray: wall time on 1 and 2 workers (speed-up), and the overhead on a small instance.
 
-    .venv/bin/python benchmarks/distributed.py                      # defaults: synthetic (70, 13), small (24, 6)
-    .venv/bin/python benchmarks/distributed.py --n 60 --m 14 --out results/distributed
+    .venv/bin/python benchmarks/distributed.py                  # C(80,26) bounded, C(52,10) plain, small C(24,6)
+    .venv/bin/python benchmarks/distributed.py --large 70:20 --out results/distributed
 
 What is timed:
 * ``local``: ``solve(..., "enumerate", threads=1)`` in this process (the reference result);
@@ -49,27 +49,37 @@ def ray_solve(q, m, k, workers, keep, bound):
     return solve(q, m, "enumerate", k=k, backend=backend, bound=bound)
 
 
+def parse_large(text: str) -> tuple[int, int, bool]:
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "nobound"):
+        raise argparse.ArgumentTypeError(f"write N:M or N:M:nobound, got {text!r}")
+    return int(parts[0]), int(parts[1]), len(parts) == 2
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, default=70, help="blocks of the large synthetic instance")
-    p.add_argument("--m", type=int, default=13, help="blocks removed (large instance)")
+    p.add_argument(
+        "--large",
+        type=parse_large,
+        action="append",
+        help="large instance N:M (bound on) or N:M:nobound (plain enumeration); repeatable "
+        "(default: 80:26 and 52:10:nobound, each ≥ 20 s on one worker of a busy 2-core machine)",
+    )
     p.add_argument("--seed", type=int, default=1, help="instance seed")
     p.add_argument("--k", type=int, default=10, help="top-K")
-    p.add_argument("--no-bound", action="store_true", help="switch the lower bound off (plain enumeration)")
     p.add_argument("--small-n", type=int, default=24)
     p.add_argument("--small-m", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3, help="repeats of the small-instance timings (median)")
     p.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
     p.add_argument("--out", type=Path, default=None, help="folder for distributed.json and distributed.md")
     args = p.parse_args(argv)
-    bound = not args.no_bound
+    args.large = args.large or [(80, 26, True), (52, 10, False)]
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average {load[0]:.1f}")
     t_init, _ = timed(lambda: init_ray(num_cpus=args.cpus, include_dashboard=False))
     print(f"ray.init (local instance, {args.cpus} CPUs): {t_init:.1f} s")
 
-    big = random_block_qubo(args.n, seed=args.seed)
     small = random_block_qubo(args.small_n, seed=args.seed)
     # compile / load the kernels in this process
     solve(random_block_qubo(12, 0), 5, "enumerate", k=3, threads=1)
@@ -77,28 +87,48 @@ def main(argv=None) -> int:
 
     rows = []
 
-    # ---------------------------------------------------------------- large instance
-    t_local, ref = timed(lambda: solve(big, args.m, "enumerate", k=args.k, threads=1, bound=bound))
-    print(f"local, 1 thread: C({args.n},{args.m}) top-{args.k} in {t_local:.2f} s ({ref.info['states']:.3g} states)")
-    rows.append(("large", "local 1 thread", t_local, ref.info["states"]))
+    # ---------------------------------------------------------------- large instances
     large = {}
-    for workers in (1, 2):
+    for spec in args.large:
+        n, m, bound = spec
+        name = f"C({n},{m}), bound {'on' if bound else 'off'}"
+        q = random_block_qubo(n, seed=args.seed)
+        t_local, ref = timed(lambda q=q, m=m, b=bound: solve(q, m, "enumerate", k=args.k, threads=1, bound=b))
+        print(f"{name}: local, 1 thread: top-{args.k} in {t_local:.2f} s ({ref.info['states']:.3g} states)")
+        rows.append((name, "local 1 thread", t_local, ref.info["states"]))
+        times, cpus = {}, {}
+        for workers in (1, 2):
+            release_workers()
+            ray_solve(small, args.small_m, args.k, workers, True, bound)  # start and warm the workers
+            t, got = timed(lambda q=q, m=m, w=workers, b=bound: ray_solve(q, m, args.k, w, True, b))
+            check_same(ref, got, f"{name}, ray {workers} workers")
+            times[workers] = t
+            info = got.info
+            cpus[workers] = info["worker_cpu_s"]
+            print(
+                f"{name}: ray, {workers} worker(s), warm: {t:.2f} s (search {info['search_s']:.2f} s, "
+                f"{info['chunks']} chunks, {info['states']:.3g} states, {info['board_offers']} threshold offers, "
+                f"worker CPU s {info['worker_cpu_s']})"
+            )
+            rows.append((name, f"ray {workers} worker(s), warm", t, info["states"]))
         release_workers()
-        ray_solve(small, args.small_m, args.k, workers, True, bound)  # start and warm the workers
-        t, got = timed(lambda w=workers: ray_solve(big, args.m, args.k, w, True, bound))
-        check_same(ref, got, f"ray {workers} workers")
-        large[workers] = t
-        info = got.info
+        speedup = times[1] / times[2]
+        # CPU time of the busiest worker: the wall time the split would take on otherwise idle cores
+        cpu_speedup = sum(cpus[1]) / max(cpus[2])
         print(
-            f"ray, {workers} worker(s), warm: {t:.2f} s (search {info['search_s']:.2f} s, {info['chunks']} chunks, "
-            f"{info['states']:.3g} states, {info['board_offers']} threshold offers)"
+            f"{name}: speed-up 2 vs 1 worker {speedup:.2f}x (wall), {cpu_speedup:.2f}x (busiest worker's CPU time); "
+            f"2 workers vs local 1 thread {t_local / times[2]:.2f}x"
         )
-        rows.append(("large", f"ray {workers} worker(s), warm", t, info["states"]))
-    release_workers()
-    speedup = large[1] / large[2]
-    print(f"speed-up 2 vs 1 worker: {speedup:.2f}x; vs local 1 thread: {t_local / large[2]:.2f}x")
-    if large[1] < 20:
-        print(f"note: the 1-worker run took {large[1]:.1f} s (< 20 s); pick a larger --n/--m for a firmer ratio.")
+        if times[1] < 20:
+            print(f"note: the 1-worker run took {times[1]:.1f} s (< 20 s); pick a larger instance for a firmer ratio.")
+        large[name] = {
+            "local_s": t_local,
+            "ray_1_s": times[1],
+            "ray_2_s": times[2],
+            "speedup_2_vs_1": speedup,
+            "worker_cpu_s": {str(w): c for w, c in cpus.items()},
+            "cpu_speedup_2_vs_1": cpu_speedup,
+        }
 
     # ---------------------------------------------------------------- small instance: overhead
     def median(fn):
@@ -109,28 +139,28 @@ def main(argv=None) -> int:
         return float(np.median(ts)), out
 
     t_small, ref_s = median(lambda: timed(lambda: solve(small, args.small_m, "enumerate", k=args.k, threads=1)))
-    rows.append(("small", "local 1 thread", t_small, ref_s.info["states"]))
-    ray_solve(small, args.small_m, args.k, 2, True, bound)
-    t_warm, got = median(lambda: timed(lambda: ray_solve(small, args.small_m, args.k, 2, True, bound)))
+    small_name = f"C({args.small_n},{args.small_m}), bound on"
+    rows.append((small_name, "local 1 thread", t_small, ref_s.info["states"]))
+    ray_solve(small, args.small_m, args.k, 2, True, True)
+    t_warm, got = median(lambda: timed(lambda: ray_solve(small, args.small_m, args.k, 2, True, True)))
     check_same(ref_s, got, "small, warm")
-    rows.append(("small", "ray 2 workers, warm", t_warm, got.info["states"]))
+    rows.append((small_name, "ray 2 workers, warm", t_warm, got.info["states"]))
     release_workers()
     time.sleep(2)  # let the cluster see the released CPUs
-    t_cold, got = median(lambda: timed(lambda: ray_solve(small, args.small_m, args.k, 2, False, bound)))
+    t_cold, got = median(lambda: timed(lambda: ray_solve(small, args.small_m, args.k, 2, False, True)))
     check_same(ref_s, got, "small, cold")
-    rows.append(("small", "ray 2 workers, cold", t_cold, got.info["states"]))
+    rows.append((small_name, "ray 2 workers, cold", t_cold, got.info["states"]))
     print(
         f"small C({args.small_n},{args.small_m}): local {t_small * 1e3:.0f} ms, ray warm {t_warm * 1e3:.0f} ms "
         f"(overhead {1e3 * (t_warm - t_small):.0f} ms), ray cold {t_cold:.2f} s (start-up included)"
     )
 
     result = {
-        "instance": {"n": args.n, "m": args.m, "seed": args.seed, "k": args.k, "bound": bound},
+        "seed": args.seed,
+        "k": args.k,
+        "large": large,
         "small": {"n": args.small_n, "m": args.small_m},
         "ray_init_s": t_init,
-        "local_s": t_local,
-        "ray_s": {str(w): t for w, t in large.items()},
-        "speedup_2_vs_1": speedup,
         "small_local_s": t_small,
         "small_ray_warm_s": t_warm,
         "small_ray_cold_s": t_cold,
@@ -139,17 +169,22 @@ def main(argv=None) -> int:
         "rows": rows,
     }
     md = [
-        f"Exact top-{args.k}, synthetic instances (seed {args.seed}), bound {'on' if bound else 'off'}; "
-        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} at start.",
+        f"Exact top-{args.k}, synthetic instances (seed {args.seed}); {os.cpu_count()} CPUs, load average "
+        f"{load[0]:.1f} at start.",
         "",
         "| instance | run | wall s | states scored |",
         "|---|---|---|---|",
     ]
-    for inst, run, t, states in rows:
-        name = f"C({args.n},{args.m})" if inst == "large" else f"C({args.small_n},{args.small_m})"
+    for name, run, t, states in rows:
         md.append(f"| {name} | {run} | {t:.3f} | {states:.3g} |")
     md.append("")
-    md.append(f"Speed-up 2 vs 1 worker: {speedup:.2f}x. ray.init: {t_init:.1f} s.")
+    for name, r in large.items():
+        md.append(
+            f"{name}: speed-up 2 vs 1 worker {r['speedup_2_vs_1']:.2f}x in wall time, "
+            f"{r['cpu_speedup_2_vs_1']:.2f}x in the busiest worker's CPU time "
+            f"(1 worker: {sum(r['worker_cpu_s']['1']):.1f} s; 2 workers: {r['worker_cpu_s']['2']} s)."
+        )
+    md.append(f"ray.init: {t_init:.1f} s.")
     print("\n".join(md))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -197,7 +197,7 @@ class EnumerationWorker:
         def share(local_kth: float) -> float:
             return float(ray.get(self.board.offer.remote(min(local_kth, self.best))))
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = enumerate_tasks(
             plan,
             plan.tasks[lo:hi],
@@ -223,6 +223,7 @@ class EnumerationWorker:
             "timed_out": res.timed_out,
             "interrupted": res.interrupted,
             "seconds": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - c0,
             "pid": os.getpid(),
         }
 
@@ -382,7 +383,8 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
     results: list[TaskResult] = []
     pending = list(chunks)
     running: dict[Any, Any] = {}
-    interrupted = timed_out = False
+    interrupted = timed_out = failed = False
+    t_loaded = time.perf_counter()
     done = 0
     bar = None
     if problem.progress:
@@ -390,7 +392,7 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
 
         bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False)
     totals = {"nodes": 0, "states": 0, "pruned": 0}
-    pids: set[int] = set()
+    cpu: dict[int, float] = {}  # CPU seconds of each worker process
 
     def collect(ref: Any) -> None:
         nonlocal done, timed_out, interrupted
@@ -410,7 +412,7 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
             totals[key] += int(out[key])
         timed_out |= bool(out["timed_out"])
         interrupted |= bool(out["interrupted"])
-        pids.add(out["pid"])
+        cpu[out["pid"]] = cpu.get(out["pid"], 0.0) + float(out["cpu_s"])
         if bar is not None:
             bar.update(out["done"])
 
@@ -431,7 +433,8 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
                 "wait for the autoscaler (raise ready_timeout), or call cbo.distributed.release_workers()."
             )
         ray.get(loading)
-        info["ray_workers_ready_s"] = round(time.perf_counter() - t_ready, 3)
+        t_loaded = time.perf_counter()
+        info["ray_workers_ready_s"] = round(t_loaded - t_ready, 3)
         for actor in actors:
             if pending:
                 submit(actor)
@@ -445,6 +448,8 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
             if pending:
                 submit(actor)
     except ray.exceptions.RayError as exc:
+        failed = True
+        release_workers()  # a kept worker may be the one that died
         raise SolverError(
             f"a Ray worker failed: {exc}. On a cluster every node needs cbo and its dependencies: install "
             "them in the nodes' environment or pass backend_options={'runtime_env': {...}}."
@@ -459,9 +464,13 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
     finally:
         if bar is not None:
             bar.close()
-        info["board_offers"] = int(ray.get(board.count.remote())) if not interrupted else None
+        if not (interrupted or failed):
+            info["board_offers"] = int(ray.get(board.count.remote()))
         for actor in temporary:
-            ray.kill(actor)
+            try:
+                ray.kill(actor)
+            except ray.exceptions.RayError:
+                pass  # already gone
 
     E, S = merge_task_results(plan, results)
     info.update(
@@ -471,8 +480,9 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
         tasks_done=done,
         interrupted=interrupted,
         timed_out=timed_out,
-        worker_processes=len(pids),
-        search_s=round(time.perf_counter() - t_ready, 3),
+        worker_processes=len(cpu),
+        worker_cpu_s=sorted((round(c, 3) for c in cpu.values()), reverse=True),
+        search_s=round(time.perf_counter() - t_loaded, 3),
     )
     if not len(E) and plan.side:
         info["hint"] = "no state satisfies the caps and the parameter budget together"

@@ -1,4 +1,9 @@
-"""A local 2-CPU Ray instance shared by the distributed tests (started once; startup takes seconds)."""
+"""A local 2-CPU Ray instance shared by the distributed tests (started once; startup takes seconds).
+
+Test modules import the fixture (``from ray_session import ray_local``); it is not in a conftest.py
+because test modules elsewhere import names from the top-level ``conftest``, which a second
+conftest module would shadow.
+"""
 
 from __future__ import annotations
 

@@ -6,12 +6,15 @@ import time
 
 import numpy as np
 import pytest
+import ray_session
 
 from cbo.distributed import RayBackend
 from cbo.distributed.ray_enumerate import _POOL, balanced_chunks, release_workers
 from cbo.errors import SolverError
 from cbo.instances import random_block_qubo
 from cbo.solvers import solve
+
+ray_local = ray_session.ray_local  # the shared local Ray instance (a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +47,7 @@ def test_sharded_equals_single_process(ray_local, n, m, k, opts):
     info = sharded.info
     assert info["backend"] == "ray" and info["workers"] == 2
     assert info["tasks_done"] == info["tasks"] and info["chunks"] >= 2
+    assert info["board_offers"] >= info["chunks"]  # every chunk offers its K-th best to the others
     assert sharded.options["backend"] == "ray"
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import ray_session
 
 from cbo.distributed import sweep as sweep_mod
 from cbo.distributed.sweep import (
@@ -21,6 +22,8 @@ from cbo.distributed.sweep import (
     write_table,
 )
 from cbo.errors import CBOError, InvalidQUBOError, UnknownSolverError
+
+ray_local = ray_session.ray_local  # the shared local Ray instance (a fixture)
 
 INSTANCES = ["synthetic:12:1", "synthetic:14:2"]
 

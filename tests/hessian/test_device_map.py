@@ -8,6 +8,7 @@ offload leaves the parameters of those blocks on the meta device between forward
 from __future__ import annotations
 
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -19,7 +20,6 @@ from accelerate.hooks import AlignDevicesHook  # noqa: E402
 
 from cbo.hessian import estimate_hessian  # noqa: E402
 from cbo.hessian.base import model_fingerprint  # noqa: E402
-from cbo.solvers import solve  # noqa: E402
 
 
 def _device_map(n_layers: int, offload: tuple[int, ...] = ()) -> dict[str, str]:
@@ -41,17 +41,15 @@ def _dispatched(model, offload=(), offload_dir=None):
     return d
 
 
-@pytest.fixture(scope="module")
-def setup():
-    from conftest import build_tiny_model, random_token_windows
-
-    model = build_tiny_model("llama", n_layers=5, seed=3)
-    windows = random_token_windows(model, n=6, seq_len=12, seed=1)
+@pytest.fixture
+def setup(tiny_model, tiny_windows):
+    model = tiny_model("llama", n_layers=4, seed=3)
+    windows = tiny_windows(model, n=4, seq_len=10, seed=1)
     return model, windows
 
 
 def _estimate(model, windows, estimator, **kw):
-    return estimate_hessian(model, None, windows, estimator=estimator, batch_size=4, progress=False, seed=0, **kw)
+    return estimate_hessian(model, None, windows, estimator=estimator, batch_size=2, progress=False, seed=0, **kw)
 
 
 @pytest.mark.parametrize("estimator", ["fisher", "exact", "pairwise"])
@@ -64,9 +62,9 @@ def test_dispatched_model_gives_the_same_qubo(setup, estimator):
     np.testing.assert_allclose(got.H, ref.H, rtol=1e-10, atol=1e-12 * np.abs(ref.H).max())
     np.testing.assert_allclose(got.g, ref.g, rtol=1e-10, atol=1e-12 * max(np.abs(ref.H).max(), 1.0))
     assert got.metadata["model_fingerprint"] == ref.metadata["model_fingerprint"]
-    a = solve(ref, 2, "enumerate", k=5)
-    b = solve(got, 2, "enumerate", k=5)
-    np.testing.assert_allclose(b.energies, a.energies, rtol=1e-9)
+    # the same energy for every removal set
+    X = np.array([[int(i in s) for i in range(ref.n)] for s in itertools.combinations(range(ref.n), 2)])
+    np.testing.assert_allclose(got.energy(X), ref.energy(X), rtol=1e-9, atol=1e-12 * np.abs(ref.H).max())
     # the gates are gone after the run, the accelerate hooks stay, and the model still computes the same logits
     for layer in d.model.layers:
         assert not layer._forward_hooks
@@ -84,14 +82,14 @@ def test_offloaded_blocks_give_the_same_fisher_and_sublayer_qubo(setup, tmp_path
         ref = _estimate(model, windows, "fisher", granularity=granularity)
         got = _estimate(d, windows, "fisher", granularity=granularity)
         np.testing.assert_allclose(got.H, ref.H, rtol=1e-10, atol=1e-12 * np.abs(ref.H).max())
-        assert got.n == ref.n == (5 if granularity == "layer" else 10)
+        assert got.n == ref.n == (4 if granularity == "layer" else 8)
 
 
 def test_exact_hessian_through_offloaded_blocks(setup, tmp_path):
     """Double backward through weights that accelerate loads per forward pass and then drops."""
     model, windows = setup
-    d = _dispatched(model, offload=(0, 4), offload_dir=tmp_path)
-    ref = _estimate(model, windows[:4], "exact", loss="ce")
-    got = _estimate(d, windows[:4], "exact", loss="ce")
+    d = _dispatched(model, offload=(0, 3), offload_dir=tmp_path)
+    ref = _estimate(model, windows, "exact", loss="ce")
+    got = _estimate(d, windows, "exact", loss="ce")
     np.testing.assert_allclose(got.H, ref.H, rtol=1e-9, atol=1e-12 * np.abs(ref.H).max())
     np.testing.assert_allclose(got.g, ref.g, rtol=1e-9, atol=1e-12 * np.abs(ref.g).max())
