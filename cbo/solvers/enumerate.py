@@ -656,6 +656,7 @@ def _node4(
     """Every state below a node with four blocks left (level L, start s): its pair energies PE4 once,
     then per child c1 the grandchildren's pair energies PE4 + W_c1 in one contiguous pass."""
     e = E[L]
+    three = np.int64(3)  # not a literal: one compiled signature for the callees
     _pair_energies(F, L, s, n, QP, PE4)
     t = _threshold(thr, nth, cap)
     nodes = 1
@@ -670,39 +671,22 @@ def _node4(
         for j in range(np.uint64(c1 + 1), np.uint64(n)):
             F[L + 1, j] = F[L, j] + Q[c1, j]
         if use_bound:
-            _suffix_bounds(F, L + 1, e3, T, c1 + 1, 3, n, S, L + 1, hbuf)
+            _suffix_bounds(F, L + 1, e3, T, c1 + 1, three, n, S, L + 1, hbuf)
             if S[L + 1, c1 + 1] > t + slack:
                 pruned += 1
                 continue
             if rx[2][n - c1 - 1, 3]:
                 stats[4] += 1
-                if _relax_bound(rx, rw, F, L + 1, c1 + 1, n, 3, t + slack - e3) > t + slack - e3:
+                if _relax_bound(rx, rw, F, L + 1, c1 + 1, n, three, t + slack - e3) > t + slack - e3:
                     stats[5] += 1
                     pruned += 1
                     continue
         nodes += 1
         if n - c1 - 1 <= tw[2]:
             _tail(
-                F,
-                L + 1,
-                e3,
-                c1 + 1,
-                n,
-                3,
-                tl,
-                tw[0],
-                tw[1],
-                cur,
-                L + 1,
-                heap_e,
-                heap_s,
-                heap_n,
-                thr,
-                nth,
-                tid,
-                cap,
-                stats,
-            )
+                F, L + 1, e3, c1 + 1, n, three, tl, tw[0], tw[1], cur, L + 1, heap_e, heap_s, heap_n, thr, nth, tid,
+                cap, stats,
+            )  # fmt: skip
             t = _threshold(thr, nth, cap)
             continue
         K3 = _cnt2(n - c1 - 1)
@@ -730,7 +714,7 @@ def _task_fast(
         F[d0, j] = Q[j, j]
     e = 0.0
     for i in range(d0):
-        c = prefix[i]
+        c = np.int64(prefix[i])
         cur[i] = c
         e += F[d0, c]
         for j in range(c + 1, n):
@@ -753,9 +737,9 @@ def _task_fast(
         _tail(F, d0, e, s0, n, r - d0, tl, tw[0], tw[1], cur, d0, heap_e, heap_s, heap_n, thr, nth, tid, cap, stats)
         return
     if r == 3:
-        _pair_energies(F, 0, s0, n, QP, PE3)
+        _pair_energies(F, d0, s0, n, QP, PE3)
         _scan3(
-            Q, F, 0, e, PE3, 0, s0, n, T, W, woff, pa, pb, S, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap,
+            Q, F, d0, e, PE3, d0, s0, n, T, W, woff, pa, pb, S, use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap,
             slack, cur, stats,
         )  # fmt: skip
         return
@@ -827,7 +811,8 @@ def _batch_fast(
 ):  # fmt: skip
     n = Q.shape[0]
     npairs = _cnt2(n)
-    for tid in prange(nth):
+    for slot in prange(nth):
+        tid = np.int64(slot)  # prange indices are unsigned in the parallel lowering: one callee signature
         F = np.empty((r + 1, n))
         E = np.empty(r + 1)
         S = np.empty((r + 1, n))
@@ -895,7 +880,7 @@ def _task_generic(
     E[0] = 0.0
     # walk the prefix level by level (keeps counts and params exact for the side constraints)
     for i in range(d0):
-        c = prefix[i]
+        c = np.int64(prefix[i])
         cur[i] = c
         if side and not _child_ok(c, i, r, kind, capk, size, pmin, pmax, minsum, maxsum, avail, cnt, P):
             stats[2] += 1
@@ -984,7 +969,8 @@ def _batch_generic(
 ):  # fmt: skip
     n = Q.shape[0]
     nk = capk.shape[0]
-    for tid in prange(nth):
+    for slot in prange(nth):
+        tid = np.int64(slot)  # prange indices are unsigned in the parallel lowering: one callee signature
         F = np.empty((r + 1, n))
         E = np.empty(r + 1)
         S = np.empty((r + 1, n))
