@@ -1018,8 +1018,8 @@ class EnumerateSolver(Solver):
             order: ``"diagonal"`` (blocks by ascending removal cost, finds good states first) or
                 ``"natural"`` (block order).
             task_depth: depth of the prefixes handed to threads as tasks (default: chosen from n, M).
-            batch_seconds: target duration of one batch of tasks; the time limit and Ctrl-C are
-                checked between batches.
+            batch_seconds: target duration of one batch of tasks between progress-bar updates (the
+                time limit and Ctrl-C stop the search within a node regardless).
             seed_heuristic: seed the threshold with a greedy + swap-descent solution.
             relaxation: also bound nodes by the convex relaxation of their completions (Frank–Wolfe;
                 only with ``bound``). Much stronger than the per-row bound at large M.
@@ -1451,10 +1451,10 @@ def enumerate_tasks(
     Only states below the pruning threshold are kept: the smaller of the plan's seeded cap, the
     ``threshold`` given (an upper bound on the global K-th best, e.g. from other workers), and the
     K-th best found so far. The search runs in a worker thread while the calling thread watches the
-    time limit and Ctrl-C; either stops it within a node, keeping the states found so far. Tasks run
-    in batches of about ``batch_seconds``; after each, ``progress`` is told, and ``share(local K-th
-    best)`` (when given) returns a new global threshold, so that searches on other processes prune
-    with each other's finds.
+    time limit and Ctrl-C; either stops it within a node, keeping the states found so far. With
+    ``progress`` or ``share``, tasks run in batches of about ``batch_seconds``; after each, ``progress``
+    is told, and ``share(local K-th best)`` returns a new global threshold, so that searches on other
+    processes prune with each other's finds. Without them, all tasks run in one parallel region.
 
     Args:
         plan: from :func:`plan_enumeration`.
@@ -1508,7 +1508,9 @@ def enumerate_tasks(
             numba.set_num_threads(nth)  # per-thread setting
             cap = min(plan.cap, float(threshold))
             done = 0
-            batch = min(ntasks, 2 * nth)
+            # batches only serve progress reports and threshold sharing (the stop flag handles the
+            # time limit); without either, one parallel region runs every task
+            batch = ntasks if progress is None and share is None else min(ntasks, 2 * nth)
             while done < ntasks and stop[0] == 0:
                 hi = min(ntasks, done + batch)
                 t0 = time.perf_counter()
