@@ -100,6 +100,37 @@ def _fetch_add(typingctx, arr, idx, val):
     return sig, codegen
 
 
+@intrinsic
+def _load_shared(typingctx, arr, idx):
+    """``arr[idx]`` read atomically (relaxed): a value other threads write, never cached in a register."""
+    if not isinstance(arr, types.Array):
+        return None
+    sig = arr.dtype(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.load_atomic(ptr, "monotonic", signature.args[0].dtype.bitwidth // 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def _store_shared(typingctx, arr, idx, val):
+    """``arr[idx] = val`` written atomically (relaxed), for values other threads read."""
+    if not isinstance(arr, types.Array):
+        return None
+    sig = types.none(arr, types.intp, arr.dtype)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        builder.store_atomic(args[2], ptr, "monotonic", signature.args[0].dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(cache=True, inline="always")
 def _cnt2(m):
     return (m * (m - 1)) // 2
@@ -110,7 +141,7 @@ def _threshold(thr, nth, cap):
     """The pruning threshold: the smallest K-th best over all threads, or the seeded cap."""
     m = cap
     for t in range(nth):
-        v = thr[t * _PAD]
+        v = _load_shared(thr, t * _PAD)
         if v < m:
             m = v
     return m
@@ -155,7 +186,7 @@ def _push(heap_e, heap_s, heap_n, thr, tid, e, cur):
     for q in range(r):
         heap_s[tid, i, q] = cur[q]
     if nh == K:
-        thr[tid * _PAD] = heap_e[tid, 0]
+        _store_shared(thr, tid * _PAD, heap_e[tid, 0])
 
 
 @njit(cache=True, _nrt=False)
@@ -662,7 +693,7 @@ def _node4(
     nodes = 1
     pruned = 0
     for c1 in range(s, n - 3):
-        if stop[0] != 0:
+        if _load_shared(stop, 0) != 0:
             break
         if use_bound and S[L, c1] > t + slack:
             break
@@ -755,7 +786,7 @@ def _task_fast(
     nodes = 0
     pruned = 0
     while L >= d0:
-        if stop[0] != 0:
+        if _load_shared(stop, 0) != 0:
             break
         c = pos[L]
         rho = r - L
@@ -825,7 +856,7 @@ def _batch_fast(
         rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
         window = tl[3].shape[0] - 2
         tw = (np.zeros(max(tl[2][window + 1], 1)), np.zeros(max(window, 1)), window)
-        while stop[0] == 0:
+        while _load_shared(stop, 0) == 0:
             i = lo + _fetch_add(counter, 0, 1)
             if i >= hi:
                 break
@@ -833,7 +864,7 @@ def _batch_fast(
                 Q, T, QP, W, woff, pa, pb, r, tasks[i], use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
                 F, E, S, pos, cur, PE4, PE3, hbuf, st, stop, rx, rw, tl, tw,
             )  # fmt: skip
-            if stop[0] == 0:
+            if _load_shared(stop, 0) == 0:
                 st[3] += 1
         for k in range(_NSTATS):
             stats[tid, k] += st[k]
@@ -904,7 +935,7 @@ def _task_generic(
     L = d0
     pos[L] = s0
     while L >= d0:
-        if stop[0] != 0:
+        if _load_shared(stop, 0) != 0:
             break
         rho = r - L
         if rho == 1:
@@ -981,7 +1012,7 @@ def _batch_generic(
         hbuf = np.empty(r + 1)
         st = np.zeros(_NSTATS, dtype=np.int64)
         rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
-        while stop[0] == 0:
+        while _load_shared(stop, 0) == 0:
             i = lo + _fetch_add(counter, 0, 1)
             if i >= hi:
                 break
@@ -989,7 +1020,7 @@ def _batch_generic(
                 Q, T, r, tasks[i], use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
                 heap_s, heap_n, thr, nth, tid, cap, slack, F, E, S, pos, cur, cnt, P, hbuf, st, stop, rx, rw,
             )  # fmt: skip
-            if stop[0] == 0:
+            if _load_shared(stop, 0) == 0:
                 st[3] += 1
         for k in range(_NSTATS):
             stats[tid, k] += st[k]
