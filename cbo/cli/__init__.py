@@ -15,12 +15,14 @@ app = typer.Typer(
 
 def _register() -> None:
     # each module adds its commands to `app` on import
-    from cbo.cli import demo_cmds  # noqa: F401
-    from cbo.cli import qubo_cmds  # noqa: F401
-    from cbo.cli import setup_cmds  # noqa: F401
-    from cbo.cli import model_cmds  # noqa: F401
-    from cbo.cli import width_cmds  # noqa: F401
-    from cbo.cli import sweep_cmds  # noqa: F401
+    from cbo.cli import (
+        demo_cmds,  # noqa: F401
+        model_cmds,  # noqa: F401
+        qubo_cmds,  # noqa: F401
+        setup_cmds,  # noqa: F401
+        sweep_cmds,  # noqa: F401
+        width_cmds,  # noqa: F401
+    )
 
 
 def main() -> None:
