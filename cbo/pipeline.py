@@ -310,6 +310,21 @@ def _check_remove(remove: Any, blocks: Sequence[Any], keep: Sequence[int]) -> in
     return remove
 
 
+def _target_options(estimator: str, options: dict[str, Any] | None, remove: int, keep: list[int]) -> dict[str, Any]:
+    """Estimators that refine their QUBO for one M (``fit``, ``trust``) take ``remove`` (and ``keep``) as options."""
+    import dataclasses
+
+    from cbo.hessian import get
+
+    options = dict(options or {})
+    fields = {f.name for f in dataclasses.fields(get(estimator).Options)}
+    if "remove" in fields:
+        options.setdefault("remove", remove)
+    if "keep" in fields and keep:
+        options.setdefault("keep", list(keep))
+    return options
+
+
 def _default_cache_dir() -> Path:
     from cbo.models import cbo_home
 
@@ -441,6 +456,7 @@ def prune_depth(
     if method == "cbo":
         t = time.perf_counter()
         cache = _default_cache_dir() if cache_dir is True else (cache_dir or None)
+        estimator_options = _target_options(estimator, estimator_options, remove, keep_idx)
         qubo = estimate_hessian(
             model,
             tokenizer,
@@ -460,7 +476,14 @@ def prune_depth(
         t = time.perf_counter()
         # "auto" is the default; before an automatic selector is registered, the exact enumerator answers
         solver_used = solver if solver != "auto" or "auto" in solver_names() else "enumerate"
-        states = solve(qubo, remove, solver_used, k=top_k, seed=seed, progress=progress, **(solver_options or {}))
+        import torch
+
+        threads = torch.get_num_threads()
+        try:
+            states = solve(qubo, remove, solver_used, k=top_k, seed=seed, progress=progress, **(solver_options or {}))
+        finally:
+            # numba's OpenMP layer can change the process-wide OpenMP thread count that torch reads
+            torch.set_num_threads(threads)
         timings["solve"] = time.perf_counter() - t
         candidates = [(s.rank, list(s.removed), s.energy) for s in states][: max(validate, 1)]
     else:

@@ -177,10 +177,10 @@ def test_prune_depth_on_the_default_model(default_model, default_text, tmp_path)
         tokenizer,
         default_text,
         remove=4,
-        top_k=5,
+        top_k=3,
         validate=2,
-        n_calibration=8,
-        n_validation=8,
+        n_calibration=4,
+        n_validation=4,
         seq_len=64,
         solver="enumerate",
         cache_dir=tmp_path,
@@ -191,7 +191,7 @@ def test_prune_depth_on_the_default_model(default_model, default_text, tmp_path)
     assert len(report.pruned_model.model.layers) == 26
     assert np.isfinite(report.pruned_metrics["kl"]) and report.pruned_metrics["kl"] > 0
     assert all(np.isfinite(v.kl) for v in report.validation)
-    assert report.qubo.metadata["n_tokens"] == 8 * 64
+    assert report.qubo.metadata["n_tokens"] == 4 * 64
     assert model.config.num_hidden_layers == 30  # the caller's model is untouched
 
 
