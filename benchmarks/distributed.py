@@ -1,6 +1,6 @@
 """Exact top-K on Ray: wall time on 1 and 2 workers (speed-up), and the overhead on a small instance.
 
-    .venv/bin/python benchmarks/distributed.py                  # C(80,26) bounded, C(52,10) plain, small C(24,6)
+    .venv/bin/python benchmarks/distributed.py                  # C(80,28) bounded, C(54,10) plain, small C(24,6)
     .venv/bin/python benchmarks/distributed.py --large 70:20 --out results/distributed
 
 What is timed:
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         type=parse_large,
         action="append",
         help="large instance N:M (bound on) or N:M:nobound (plain enumeration); repeatable "
-        "(default: 80:26 and 52:10:nobound, each ≥ 20 s on one worker of a busy 2-core machine)",
+        "(default: 80:28 and 54:10:nobound, each ≥ 20 s on one worker of a busy 2-core machine)",
     )
     p.add_argument("--seed", type=int, default=1, help="instance seed")
     p.add_argument("--k", type=int, default=10, help="top-K")
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     p.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
     p.add_argument("--out", type=Path, default=None, help="folder for distributed.json and distributed.md")
     args = p.parse_args(argv)
-    args.large = args.large or [(80, 26, True), (52, 10, False)]
+    args.large = args.large or [(80, 28, True), (54, 10, False)]
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average {load[0]:.1f}")

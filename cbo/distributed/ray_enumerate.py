@@ -43,7 +43,11 @@ class RayBackend:
         workers: Ray actors searching chunks (default: the cluster's CPUs / ``worker_threads``).
         worker_threads: numba threads per worker (each worker reserves that many CPUs).
         chunks_per_worker: the task list is cut into about ``workers × chunks_per_worker`` chunks of
-            equal size; more chunks balance better, fewer cost less scheduling.
+            equal size (more where prefixes of different depths meet); more chunks balance better,
+            fewer cost less scheduling.
+        split: prefixes with more than 1/(workers × chunks_per_worker × split) of all states below
+            them are split into their children (recursively), so that the few subtrees holding
+            most of the work can be shared out.
         num_cpus: CPUs of a local instance started here (default: ``os.cpu_count()``).
         runtime_env: Ray runtime environment for cluster workers (e.g. ``{"pip": ["cbo[ray]"]}``).
         init_options: extra keyword arguments to ``ray.init``.
@@ -59,6 +63,7 @@ class RayBackend:
     workers: int | None = None
     worker_threads: int = 1
     chunks_per_worker: int = 8
+    split: int = 32
     num_cpus: int | None = None
     runtime_env: dict[str, Any] | None = None
     init_options: dict[str, Any] = field(default_factory=dict)
@@ -74,7 +79,7 @@ class RayBackend:
             isinstance(self.ready_timeout, (int, float)) and self.ready_timeout > 0
         ):
             raise SolverError(f"ray backend: ready_timeout must be > 0 seconds, got {self.ready_timeout!r}.")
-        for name in ("worker_threads", "chunks_per_worker"):
+        for name in ("worker_threads", "chunks_per_worker", "split"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise SolverError(f"ray backend: {name} must be an integer >= 1, got {v!r}.")
@@ -185,7 +190,8 @@ class EnumerationWorker:
             self.warm.add(plan.fast)
         return True
 
-    def search(self, lo: int, hi: int, seconds_left: float | None, batch_seconds: float) -> dict[str, Any]:
+    def search(self, tasks: np.ndarray, seconds_left: float | None, batch_seconds: float) -> dict[str, Any]:
+        """Search the subtrees of ``tasks`` (prefixes of one depth) with the shared threshold."""
         import ray
 
         from cbo.solvers.enumerate import enumerate_tasks
@@ -200,7 +206,7 @@ class EnumerationWorker:
         t0, c0 = time.perf_counter(), time.process_time()
         res = enumerate_tasks(
             plan,
-            plan.tasks[lo:hi],
+            tasks,
             threads=self.threads,
             threshold=start,
             batch_seconds=batch_seconds,
@@ -212,8 +218,6 @@ class EnumerationWorker:
             self.best = kth
         self.board.offer.remote(self.best)
         return {
-            "lo": lo,
-            "hi": hi,
             "energies": res.energies,
             "positions": res.positions,
             "done": res.done,
@@ -318,15 +322,57 @@ def balanced_chunks(leaves: np.ndarray, parts: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
-def _choose_task_depth(plan_n: int, r: int, fast: bool, parts: int, requested: int | None) -> int | None:
-    """A task depth giving at least ``4 × parts`` prefixes when the default is too coarse (None: keep)."""
-    if requested is not None:
-        return None
-    dmax = max(r - 4, 0) if fast else r - 1
-    d = 0
-    while d < dmax and math.comb(plan_n - r + d, d) < 4 * parts:
-        d += 1
-    return d
+def subtree_leaves(n: int, r: int, prefix: tuple[int, ...]) -> float:
+    """States below a prefix (removed positions in search order): ``C(n − last − 1, r − depth)``."""
+    if not prefix:
+        return float(math.comb(n, r))
+    return float(math.comb(n - prefix[-1] - 1, r - len(prefix)))
+
+
+def split_tasks(n: int, r: int, tasks: np.ndarray, max_leaves: float, max_depth: int) -> list[np.ndarray]:
+    """Replace every task with more than ``max_leaves`` states below it by its children, recursively.
+
+    With blocks in ascending order of removal cost, the subtrees of the first prefixes are both the
+    largest and the ones the bound cannot prune (they hold the best states), so the work of an
+    exact search sits under a few leftmost prefixes; splitting by size cuts exactly those into
+    pieces that different workers can take. Returns the tasks in lexicographic (search) order as
+    runs of one depth each (the kernels take prefixes of one depth per call).
+    """
+    runs: list[list[tuple[int, ...]]] = []
+
+    def emit(prefix: tuple[int, ...]) -> None:
+        if runs and len(runs[-1][-1]) == len(prefix):
+            runs[-1].append(prefix)
+        else:
+            runs.append([prefix])
+
+    stack = [tuple(int(c) for c in t) for t in tasks[::-1]]
+    while stack:
+        prefix = stack.pop()
+        d = len(prefix)
+        if d >= max_depth or subtree_leaves(n, r, prefix) <= max_leaves:
+            emit(prefix)
+            continue
+        first = prefix[-1] + 1 if prefix else 0
+        # children: one more removed position c, leaving room for the r − d − 1 after it
+        stack.extend(prefix + (c,) for c in range(n - r + d, first - 1, -1))
+    return [np.array(run, dtype=np.int32).reshape(len(run), len(run[0])) for run in runs]
+
+
+def plan_chunks(plan: Any, parts: int, split: int) -> list[np.ndarray]:
+    """The task chunks of a plan: heavy prefixes split (to at most 1/(parts·split) of all states each),
+    then each run of one depth cut into pieces of about 1/parts of the states."""
+    n, r = plan.n, plan.r
+    total = subtree_leaves(n, r, ())
+    max_depth = max(r - 4, 0) if plan.fast else r - 1
+    max_depth = max(max_depth, plan.task_depth)
+    runs = split_tasks(n, r, plan.tasks, total / (parts * split), max_depth)
+    chunks: list[np.ndarray] = []
+    for run in runs:
+        leaves = np.array([subtree_leaves(n, r, tuple(t)) for t in run])
+        pieces = max(1, int(math.ceil(leaves.sum() / (total / parts))))
+        chunks.extend(run[lo:hi] for lo, hi in balanced_chunks(leaves, pieces))
+    return chunks
 
 
 # --------------------------------------------------------------------------------------- the driver
@@ -358,9 +404,6 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
         )
     parts = workers * backend.chunks_per_worker
     plan = plan_enumeration(problem, options)
-    depth = _choose_task_depth(plan.n, plan.r, plan.fast, parts, options.task_depth)
-    if depth is not None and depth > plan.task_depth:
-        plan = plan_enumeration(problem, dataclasses.replace(options, task_depth=depth))
     info: dict[str, Any] = {
         "backend": "ray",
         "workers": workers,
@@ -376,8 +419,11 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
         info.update(states=1, nodes=0, pruned=0)
         return SolverOutput(problem.expand(Y), exact=True, info=info)
 
-    chunks = balanced_chunks(plan.task_leaves(), parts)
+    chunks = plan_chunks(plan, parts, backend.split)
     info["chunks"] = len(chunks)
+    info["chunk_depths"] = sorted({int(c.shape[1]) for c in chunks})
+    n_tasks = sum(len(c) for c in chunks)
+    info["tasks"] = n_tasks
     board, actors, temporary = _workers(ray, workers, backend.worker_threads, backend.keep_workers)
     plan_ref = ray.put(plan)
     results: list[TaskResult] = []
@@ -390,7 +436,7 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
     if problem.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False)
+        bar = tqdm(total=n_tasks, unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False)
     totals = {"nodes": 0, "states": 0, "pruned": 0}
     cpu: dict[int, float] = {}  # CPU seconds of each worker process
 
@@ -417,9 +463,9 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
             bar.update(out["done"])
 
     def submit(actor: Any) -> None:
-        lo, hi = pending.pop(0)
+        tasks = pending.pop(0)
         left = problem.time_left()
-        ref = actor.search.remote(lo, hi, None if math.isinf(left) else max(left, 0.0), options.batch_seconds)
+        ref = actor.search.remote(tasks, None if math.isinf(left) else max(left, 0.0), options.batch_seconds)
         running[ref] = actor
 
     try:
@@ -486,5 +532,5 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
     )
     if not len(E) and plan.side:
         info["hint"] = "no state satisfies the caps and the parameter budget together"
-    exact = not (interrupted or timed_out) and done == len(plan.tasks)
+    exact = not (interrupted or timed_out) and done == n_tasks
     return SolverOutput(plan.states(S), exact=exact, info=info)
