@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,7 @@ def seeded_generator(seed: int, *parts: int, device: torch.device | str = "cpu")
     return gen
 
 
-class Estimator:
+class Estimator(ABC):
     """Base class of every Hessian estimator; subclasses register with :func:`register`."""
 
     name: ClassVar[str] = ""
@@ -116,16 +117,19 @@ class Estimator:
         """Progress-bar steps per batch (``accumulate`` calls ``tick`` that many times)."""
         return 1
 
-    def init_state(self) -> dict[str, np.ndarray]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def init_state(self) -> dict[str, np.ndarray]:
+        """Zeroed float64 accumulators (saved in the checkpoint after each batch)."""
 
+    @abstractmethod
     def accumulate(
         self, state: dict[str, np.ndarray], batch_index: int, tokens: torch.Tensor, tick: Callable[[], None]
-    ) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    ) -> None:
+        """Add one calibration batch to ``state`` in place; call ``tick()`` per progress unit."""
 
+    @abstractmethod
     def finalize(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """(H, g, extra metadata) from the accumulated state."""
 
 
 def register(cls: type[Estimator]) -> type[Estimator]:
