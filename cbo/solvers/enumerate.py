@@ -71,7 +71,7 @@ _PAD = 8
 # Largest pair table (C(n, 3) doubles) the fused kernel may allocate; larger n use the generic kernel.
 _MAX_PAIR_TABLE = 8_000_000
 # Largest bound table (n * (r + 1) * n doubles); above it the bound is switched off.
-_MAX_BOUND_TABLE = 32_000_000
+_MAX_BOUND_TABLE = 8_000_000
 _BIG_INT = np.int64(2**62)
 # Search statistics per thread: nodes, states, pruned, tasks done, relaxations solved, pruned by them.
 _NSTATS = 6
