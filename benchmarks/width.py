@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,12 @@ def parse_args(argv=None):
     p.add_argument("--mop-cbo", action="store_true", help="also run MoP with CBO depth candidates (slower)")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--speed-rounds",
+        type=int,
+        default=None,
+        help="re-time a few models round-robin this many times at the end (median; default 3, quick 0)",
+    )
     return p.parse_args(argv)
 
 
@@ -72,6 +79,7 @@ def settings(args) -> dict:
             n_control=2,
             n_test=2,
             speed=dict(prompt_len=16, new_tokens=4, repeats=1),
+            speed_rounds=0,
         )
     else:
         base = dict(
@@ -81,8 +89,9 @@ def settings(args) -> dict:
             n_control=4,
             n_test=16,
             speed=dict(prompt_len=128, new_tokens=32, repeats=3),
+            speed_rounds=3,
         )
-    for key in ("ratios", "seq_len", "n_calibration", "n_control", "n_test"):
+    for key in ("ratios", "seq_len", "n_calibration", "n_control", "n_test", "speed_rounds"):
         value = getattr(args, key)
         if value is not None:
             base[key] = value
@@ -156,6 +165,8 @@ def main(argv=None) -> list[dict]:
     ref = reference_logits(model, test, batch_size=4)
     print(header(speed is not None))
     rows = [measure("original", 0.0, model, p0, test, ref, speed, 0.0)]
+    kept = {("original", 0.0): model}  # models re-timed round-robin at the end
+    keep = kept.__setitem__ if (speed and cfg["speed_rounds"]) else (lambda key, m: None)
 
     # scores: computed once, allocated for every ratio; (label, scores, allocation, seconds)
     scored: list[tuple[str, object, str | None, float]] = []
@@ -194,6 +205,8 @@ def main(argv=None) -> list[dict]:
                     {"allocation": alloc.allocation},
                 )
             )
+            if label in ("ntk", "amp (uniform)"):
+                keep((label, ratio), pruned)
             del pruned
         if not args.quick:
             # one-shot depth + width: half the budget in whole layers chosen by the CBO QUBO, the rest by NTK
@@ -212,6 +225,7 @@ def main(argv=None) -> list[dict]:
                     "cbo depth + ntk", ratio, pruned, p0, test, ref, speed, time.perf_counter() - t0, {"layers": layers}
                 )
             )
+            keep(("cbo depth + ntk", ratio), pruned)
             del pruned
         mop_runs = [] if args.no_mop else ["antepenultimate"] + (["cbo"] if args.mop_cbo else [])
         for depth in mop_runs:
@@ -223,12 +237,37 @@ def main(argv=None) -> list[dict]:
             extra = {"path": result.path_string()}
             rows.append(measure(label, ratio, result.model, p0, test, ref, speed, time.perf_counter() - t0, extra))
             print(f"    {label} path at {ratio:.2f}: {result.path_string()}", flush=True)
+            keep((label, ratio), result.model)
+    interleaved = retime(kept, speed, cfg["speed_rounds"]) if speed and cfg["speed_rounds"] and len(kept) > 1 else []
     print(f"total {time.perf_counter() - t_all:.0f} s")
     if args.json:
-        args.json.write_text(
-            json.dumps({"settings": cfg, "data": splits.info, "rows": rows}, indent=2, default=str) + "\n"
-        )
+        out = {"settings": cfg, "data": splits.info, "rows": rows, "speed_interleaved": interleaved}
+        args.json.write_text(json.dumps(out, indent=2, default=str) + "\n")
     return rows
+
+
+def retime(kept: dict, speed: dict, rounds: int) -> list[dict]:
+    """Time the kept models round-robin ``rounds`` times (load on a shared machine hits all alike); medians."""
+    samples: dict = {key: [] for key in kept}
+    for _ in range(rounds):
+        for key, m in kept.items():
+            t = throughput(m, **dict(speed, repeats=1))
+            samples[key].append((t["prefill_tokens_per_s"], t["decode_tokens_per_s"]))
+    base = samples[("original", 0.0)]
+    b_pre = statistics.median(x[0] for x in base)
+    b_dec = statistics.median(x[1] for x in base)
+    print(
+        f"\ninterleaved timing, median of {rounds} rounds (prompt {speed['prompt_len']}, {speed['new_tokens']} new tokens)"
+    )
+    print("| method | target | params | prefill tok/s | x | decode tok/s | x |\n|---|---:|---:|---:|---:|---:|---:|")
+    out = []
+    for (label, ratio), values in samples.items():
+        pre = statistics.median(x[0] for x in values)
+        dec = statistics.median(x[1] for x in values)
+        n = count_parameters(kept[(label, ratio)])
+        print(f"| {label} | {ratio:.2f} | {n:,} | {pre:.0f} | {pre / b_pre:.2f} | {dec:.1f} | {dec / b_dec:.2f} |")
+        out.append({"method": label, "ratio": ratio, "params": n, "prefill_tok_s": pre, "decode_tok_s": dec})
+    return out
 
 
 if __name__ == "__main__":
