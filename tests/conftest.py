@@ -7,110 +7,20 @@ Use them from any test module:
         model = tiny_model("llama", n_layers=4)
         windows = tiny_windows(model, n=4, seq_len=16)
 
-    @pytest.mark.parametrize("arch", TINY_ARCHS)   # from conftest import TINY_ARCHS
+    @pytest.mark.parametrize("arch", TINY_ARCHS)   # from tiny_models import TINY_ARCHS
 """
 
 from __future__ import annotations
 
 import pytest
-
-TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2", "gpt_neox")
-EXTRA_ARCHS = ("gemma", "gemma2", "phi3", "olmo2")  # also supported; built on request, not in `any_arch`
-TINY_VOCAB = 128
-
-
-def _config(arch: str, n_layers: int, **overrides):
-    import transformers as tf
-
-    common = dict(vocab_size=TINY_VOCAB, initializer_range=0.1)
-    llama_like = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    if arch == "llama":
-        cfg = tf.LlamaConfig(**common, **llama_like)
-    elif arch == "qwen2":
-        cfg = tf.Qwen2Config(**common, **llama_like)
-    elif arch == "qwen3":
-        cfg = tf.Qwen3Config(**common, **llama_like, head_dim=8)
-    elif arch == "mistral":
-        cfg = tf.MistralConfig(**common, **llama_like)
-    elif arch == "gemma3":
-        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
-        cfg = tf.Gemma3TextConfig(
-            **common,
-            **llama_like,
-            head_dim=8,
-            query_pre_attn_scalar=8,
-            sliding_window=8,
-            layer_types=types,
-        )
-    elif arch == "gpt2":
-        cfg = tf.GPT2Config(
-            **common, n_embd=32, n_layer=n_layers, n_head=4, n_positions=128, bos_token_id=1, eos_token_id=2
-        )
-    elif arch == "gpt_neox":
-        cfg = tf.GPTNeoXConfig(
-            **common,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=n_layers,
-            num_attention_heads=4,
-            max_position_embeddings=128,
-        )
-    elif arch == "gemma":
-        cfg = tf.GemmaConfig(**common, **llama_like, head_dim=8)
-    elif arch == "gemma2":
-        cfg = tf.Gemma2Config(**common, **llama_like, head_dim=8, query_pre_attn_scalar=8, sliding_window=8)
-    elif arch == "phi3":
-        cfg = tf.Phi3Config(**common, **llama_like, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    elif arch == "olmo2":
-        cfg = tf.Olmo2Config(**common, **llama_like, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    else:
-        raise ValueError(f"unknown tiny architecture {arch!r}; use one of {TINY_ARCHS + EXTRA_ARCHS}")
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
-    return cfg
-
-
-def build_tiny_model(arch: str = "llama", n_layers: int = 4, seed: int = 0, **overrides):
-    """A tiny random causal LM of the given architecture (eval mode, float32, seeded)."""
-    import torch
-    import transformers as tf
-
-    cfg = _config(arch, n_layers, **overrides)
-    torch.manual_seed(seed)
-    if arch == "gemma3":
-        model = tf.Gemma3ForCausalLM(cfg)
-    else:
-        model = tf.AutoModelForCausalLM.from_config(cfg)
-    return model.eval()
-
-
-def random_token_windows(model_or_vocab, n: int = 4, seq_len: int = 16, seed: int = 0):
-    """Random int64 token windows ``(n, seq_len)`` valid for a model (or a vocabulary size)."""
-    from cbo.data import model_vocab_size, random_windows
-
-    vocab = model_or_vocab if isinstance(model_or_vocab, int) else model_vocab_size(model_or_vocab)
-    return random_windows(n, seq_len, vocab, seed=seed)
-
-
-class CharTokenizer:
-    """A tokenizer-free stand-in: one id per byte (ids 3..258), id 2 = end of text."""
-
-    eos_token_id = 2
-    name_or_path = "char-tokenizer"
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [3 + b for b in text.encode("utf-8")]
-
-    def __len__(self) -> int:
-        return 259
+from tiny_models import (  # noqa: F401  (re-exported for fixtures)
+    EXTRA_ARCHS,
+    TINY_ARCHS,
+    TINY_VOCAB,
+    CharTokenizer,
+    build_tiny_model,
+    random_token_windows,
+)
 
 
 @pytest.fixture

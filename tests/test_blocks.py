@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import EXTRA_ARCHS
+from tiny_models import EXTRA_ARCHS
 from torch import nn
 
 from cbo.blocks import (

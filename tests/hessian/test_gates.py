@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_ARCHS
 from hessian_reference import ARCHS, logits_of, mean_loss_at, ref_loss_per_sequence, teacher_logprobs
+from tiny_models import TINY_ARCHS
 
 from cbo.blocks import find_blocks
 from cbo.errors import ModelError

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 import transformers
-from conftest import EXTRA_ARCHS
+from tiny_models import EXTRA_ARCHS
 
 from cbo.blocks import decoder_layers, find_blocks, layer_parts, with_branch_tensor
 from cbo.errors import ModelError

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import build_tiny_model, random_token_windows
+from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.errors import CorruptFileError
 from cbo.surgery.depth import remove_blocks, remove_sublayers

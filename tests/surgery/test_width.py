@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from conftest import TINY_ARCHS, build_tiny_model, random_token_windows
+from tiny_models import TINY_ARCHS, build_tiny_model, random_token_windows
 
 from cbo.blocks import decoder_layers, layer_parts
 from cbo.errors import ModelError

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import CharTokenizer, build_tiny_model
+from tiny_models import CharTokenizer, build_tiny_model
 
 from cbo.errors import CBOError, DataError, InfeasibleError
 from cbo.evaluate import count_parameters

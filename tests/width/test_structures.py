@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_ARCHS, build_tiny_model
+from tiny_models import TINY_ARCHS, build_tiny_model
 
 from cbo.errors import ModelError
 from cbo.width.structures import attention_units, layer_widths, mlp_units, model_structures

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model, random_token_windows
+from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.errors import DataError
 from cbo.evaluate import kl_to_reference, reference_logits

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import build_tiny_model, random_token_windows
+from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.errors import DataError
 from cbo.width.scores import UnknownScoreError, names, score_units
