@@ -1,0 +1,269 @@
+"""``hybrid``: measured single-block removal losses on the diagonal, Fisher correlations for the couplings.
+
+Model. If removing block i perturbed the model's output by a vector ``u_i`` and perturbations added up, the
+damage of a removal set S would be ``‖Σ_{i∈S} u_i‖²`` = ``Σ_i D_i + Σ_{i<j} 2 ρ_ij √(D_i D_j)``, with
+``D_i = ‖u_i‖²`` the damage of removing block i alone and ``ρ_ij`` the cosine between ``u_i`` and ``u_j``. The
+estimator measures ``D_i`` exactly (the loss with block i removed: no Taylor error, so the diagonal carries the
+true size of each removal, which the second-order expansion at "all blocks kept" gets badly wrong for the first
+and last blocks) and takes the angles from the Fisher matrix of the gates,
+``ρ_ij = F_ij / √(F_ii F_jj)`` (one forward and one backward pass per batch, as ``fisher``). The QUBO is
+
+    E(x) = Σ_i D_i x_i + Σ_{i<j} c_ij x_i x_j,   c_ij = s · 2 ρ_ij √(D_i D_j),
+
+with ``couplings="positive"`` keeping only penalizing couplings (``max(c_ij, 0)``: the negative ones are the
+cancellations a linear model extrapolates to sets that wreck the model), ``"raw"`` all of them, ``"none"`` none
+(the one-at-a-time ranking: remove the M blocks whose single removal hurts least), and ``s = coupling_scale``.
+
+Cost per batch: 1 forward + 1 backward (skipped with ``couplings="none"``) and N single-block removals, measured
+through a prefix tree (``_removal.py``): the removal of block i reruns only the layers after i, about N/2 forward
+passes in all plus N runs of the head. ``measure_cache`` keeps measured losses on disk for reuse by other runs.
+
+The subclasses ``fit`` and ``trust`` start from this QUBO and refine it with more measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from cbo.errors import CBOError
+from cbo.hessian._removal import MeasureCache, RemovalLosses
+from cbo.hessian.base import Estimator, register
+from cbo.hessian.losses import log_probs, nll_of_labels
+
+COUPLINGS = ("positive", "raw", "none")
+
+
+class CalibrationMeter:
+    """Mean calibration loss increase of removal sets over an estimator's stored batches (each set measured once).
+
+    Used by the estimators that measure more sets after the calibration pass (``fit``, ``trust``).
+    """
+
+    def __init__(self, estimator: HybridEstimator, state: dict[str, np.ndarray]) -> None:
+        self.est = estimator
+        self.run = estimator.run
+        self.state = state
+        rows = [int(r) for r in state["batch_rows"] if r > 0]
+        tokens = torch.from_numpy(state["tokens"])
+        self.meters = []
+        start = 0
+        for r in rows:
+            batch = tokens[start : start + r].to(self.run.device)
+            self.meters.append(RemovalLosses(self.run.model, self.run.blocks, batch, cache=estimator._cache))
+            start += r
+        self.rows = rows
+        self.values: dict[tuple[int, ...], float] = {}
+        self.requested = 0
+
+    @staticmethod
+    def _work(meter: Any) -> tuple[int, ...]:
+        return (meter.measured, meter.layer_calls, meter.tail_calls, meter.full_calls, meter.original_calls)
+
+    def __call__(self, sets: Sequence[Sequence[int]]) -> np.ndarray:
+        """Mean calibration loss increase of each removal set (block indices)."""
+        keys = [tuple(sorted(int(i) for i in s)) for s in sets]
+        todo = [k for k in dict.fromkeys(keys) if k not in self.values]
+        if todo:
+            total = np.zeros(len(todo))
+            base = 0.0
+            for meter in self.meters:
+                before = self._work(meter)
+                values = meter.losses(todo)
+                for k, v in enumerate(values):
+                    total[k] += float(v[self.run.loss].double().sum())
+                if self.run.loss == "ce":
+                    base += float(meter.base["ce"].double().sum())
+                measured, layers, tails, full, original = (a - b for a, b in zip(self._work(meter), before))
+                self.state["work"] += np.array([len(todo), measured, layers, tails + full, original])
+                self.state["_passes"][0] += original + full
+            count = float(sum(self.rows))
+            for k, key in enumerate(todo):
+                self.values[key] = (total[k] - base) / count
+        self.requested += len(keys)
+        return np.array([self.values[k] for k in keys])
+
+
+def _check_number(value: Any, label: str, minimum: float = 0.0) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < minimum:
+        raise CBOError(f"{label} must be a finite number >= {minimum}, got {value!r}.")
+
+
+def _check_int(value: Any, label: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise CBOError(f"{label} must be an integer >= {minimum}, got {value!r}.")
+
+
+def gram_couplings(D: np.ndarray, F: np.ndarray, mode: str, scale: float) -> np.ndarray:
+    """Couplings ``c_ij = scale · 2 ρ_ij √(D_i D_j)`` with ``ρ`` the correlation matrix of ``F`` (zero diagonal).
+
+    Blocks whose Fisher diagonal is 0 (no gradient reaches them) get no couplings; negative ``D`` (a removal that
+    lowers the loss) counts as 0.
+    """
+    n = len(D)
+    if mode == "none" or scale == 0:
+        return np.zeros((n, n))
+    d = np.sqrt(np.clip(np.diag(F), 0.0, None))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = F / np.outer(d, d)
+    rho = np.where(np.outer(d, d) > 0, np.clip(rho, -1.0, 1.0), 0.0)
+    root = np.sqrt(np.clip(D, 0.0, None))
+    c = 2.0 * rho * np.outer(root, root)
+    np.fill_diagonal(c, 0.0)
+    if mode == "positive":
+        c = np.maximum(c, 0.0)
+    return float(scale) * c
+
+
+@register
+class HybridEstimator(Estimator):
+    name = "hybrid"
+    description = "measured single-block removal losses (diagonal) + Fisher-correlation couplings, Gram model"
+    cost = "1 forward + 1 backward + N single removals per batch (prefix-shared, about N/2 forward passes)"
+
+    @dataclass
+    class Options:
+        couplings: str = "positive"  # "positive" (max(c_ij, 0)), "raw", or "none" (one-at-a-time ranking)
+        coupling_scale: float = 1.0  # s in c_ij = s · 2 ρ_ij √(D_i D_j)
+        samples: int = 1  # label draws per batch for the Fisher correlations
+        measure_cache: str | None = None  # folder for measured losses shared between runs
+
+        def validate(self) -> None:
+            if self.couplings not in COUPLINGS:
+                raise CBOError(f"couplings must be one of {list(COUPLINGS)}, got {self.couplings!r}.")
+            _check_number(self.coupling_scale, "coupling_scale")
+            _check_int(self.samples, "samples", 1)
+            if self.measure_cache is not None and not isinstance(self.measure_cache, str):
+                raise CBOError(f"measure_cache must be a folder path (str) or None, got {self.measure_cache!r}.")
+
+    # ------------------------------------------------------------------ lifecycle
+    def __init__(self, run: Any, options: Any) -> None:
+        super().__init__(run, options)
+        self._cache = (
+            MeasureCache(options.measure_cache, run.model, run.blocks) if options.measure_cache is not None else None
+        )
+
+    def uses_fisher(self) -> bool:
+        return self.options.couplings != "none" and self.options.coupling_scale != 0
+
+    def init_state(self) -> dict[str, np.ndarray]:
+        n = len(self.run.blocks)
+        return {
+            "outer": np.zeros((n, n)),
+            "outer_count": np.zeros(()),
+            "single_kl": np.zeros(n),
+            "single_ce": np.zeros(n),
+            "base_ce": np.zeros(()),
+            "count": np.zeros(()),
+            "tokens": np.zeros((self.run.n_sequences, self.run.seq_len), dtype=np.int64),
+            "work": np.zeros(5),  # set evaluations, measured (not cached), layer calls, head runs, original passes
+            "batch_rows": np.zeros(self.run.n_batches, dtype=np.int64),
+        }
+
+    def accumulate(
+        self, state: dict[str, np.ndarray], batch_index: int, tokens: torch.Tensor, tick: Callable[[], None]
+    ) -> None:
+        run = self.run
+        start = int(state["count"])
+        state["tokens"][start : start + tokens.shape[0]] = tokens.cpu().numpy()
+        state["batch_rows"][batch_index] = tokens.shape[0]
+        if self.uses_fisher():
+            self._fisher(state, batch_index, tokens)
+        n = len(run.blocks)
+        meter = RemovalLosses(run.model, run.blocks, tokens, cache=self._cache)
+        values = meter.losses([(i,) for i in range(n)])
+        base = meter.base
+        for i, v in enumerate(values):
+            run.check_finite(v["kl"], batch_index, f"loss with block {i} removed")
+            state["single_kl"][i] += float(v["kl"].double().sum())
+            state["single_ce"][i] += float(v["ce"].double().sum())
+        state["base_ce"] += float(base["ce"].double().sum())
+        state["count"] += tokens.shape[0]
+        self._count_work(state, meter, n)
+        tick()
+
+    def _count_work(self, state: dict[str, np.ndarray], meter: RemovalLosses, requested: int) -> None:
+        state["work"] += np.array(
+            [requested, meter.measured, meter.layer_calls, meter.tail_calls + meter.full_calls, meter.original_calls]
+        )
+        self.run.passes["forward"] += meter.original_calls + meter.full_calls
+
+    def _fisher(self, state: dict[str, np.ndarray], batch_index: int, tokens: torch.Tensor) -> None:
+        """Per-sequence gate gradients with labels sampled from the original model (as ``fisher``)."""
+        run = self.run
+        with torch.enable_grad(), run.gates.recording() as rec:
+            logits = run.forward(tokens)
+            run.check_finite(logits, batch_index, "logits")
+            lp = log_probs(logits)
+            probs = lp.detach().exp().reshape(-1, lp.shape[-1])
+            for draw in range(self.options.samples):
+                labels = torch.multinomial(probs, 1, generator=run.generator(batch_index, draw)).reshape(lp.shape[:2])
+                nll = nll_of_labels(lp, labels)
+                rec.reset()
+                torch.autograd.grad(nll.sum(), run.gates.a, retain_graph=draw < self.options.samples - 1)
+                run.count_backward()
+                if rec.value is None:
+                    raise CBOError("no gate received a gradient: the blocks are not on the path to the loss.")
+                G = rec.value.to(torch.float64).numpy()
+                state["outer"] += G.T @ G
+                state["outer_count"] += G.shape[0]
+
+    # ------------------------------------------------------------------ the QUBO
+    def singles(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        """Measured loss increase of each single removal (the run's loss)."""
+        count = float(state["count"])
+        if self.run.loss == "kl":
+            return state["single_kl"] / count
+        return state["single_ce"] / count - float(state["base_ce"]) / count
+
+    def fisher_matrix(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        n = len(self.run.blocks)
+        if float(state["outer_count"]) == 0:
+            return np.zeros((n, n))
+        return self.run.seq_len * state["outer"] / float(state["outer_count"])
+
+    def base_qubo(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(H, g) of the Gram model: ``H_ii = 2 D_i``, ``H_ij = c_ij``, ``g = 0``."""
+        D = self.singles(state)
+        H = gram_couplings(D, self.fisher_matrix(state), self.options.couplings, self.options.coupling_scale)
+        np.fill_diagonal(H, 2.0 * D)
+        return H, np.zeros(len(D))
+
+    def measured_metadata(self, state: dict[str, np.ndarray]) -> dict[str, Any]:
+        count = float(state["count"])
+        work = state["work"]
+        return {
+            "measured": {
+                "base_ce": float(state["base_ce"]) / count,
+                "single_kl": [float(v) for v in state["single_kl"] / count],
+                "single_ce": [float(v) for v in state["single_ce"] / count],
+            },
+            "set_evaluations": int(work[0]),
+            "set_evaluations_measured": int(work[1]),
+            "layer_calls": int(work[2]),
+            "head_runs": int(work[3]),
+            "forward_equivalents": round(self.forward_equivalents(state), 2),
+        }
+
+    def forward_equivalents(self, state: dict[str, np.ndarray]) -> float:
+        """Full passes + the measured removals' layer calls and head runs, weighted by their parameter counts."""
+        blocks = self.run.blocks
+        layer_params = float(np.mean([b.n_params for b in blocks])) or 1.0
+        head = self.run.model.get_output_embeddings() if hasattr(self.run.model, "get_output_embeddings") else None
+        head_params = float(head.weight.numel()) if head is not None and hasattr(head, "weight") else layer_params
+        head_w = head_params / layer_params
+        full = float(np.asarray(state.get("_passes", np.zeros(2)))[0])
+        work = state["work"]
+        return full + (float(work[2]) + head_w * float(work[3])) / (len(blocks) + head_w)
+
+    def finalize(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+        H, g = self.base_qubo(state)
+        extra = self.measured_metadata(state)
+        F = self.fisher_matrix(state)
+        if self.uses_fisher():
+            d = np.sqrt(np.clip(np.diag(F), 1e-300, None))
+            extra["fisher_correlation"] = [[float(v) for v in row] for row in F / np.outer(d, d)]
+        return H, g, extra
