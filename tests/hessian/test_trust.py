@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from hessian_reference import logits_of, ref_loss_per_sequence, teacher_logprobs
+from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.errors import CBOError
 from cbo.hessian import estimate_hessian
@@ -18,12 +19,6 @@ N, M = 5, 2
 
 @pytest.fixture(scope="module")
 def setup():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tiny_models import build_tiny_model, random_token_windows
-
     model = build_tiny_model("llama", n_layers=N, seed=2)
     windows = random_token_windows(model, n=4, seq_len=10, seed=1)
     teacher = teacher_logprobs(model, windows)
