@@ -1501,6 +1501,11 @@ def enumerate_tasks(
     tasks = plan.tasks if tasks is None else np.ascontiguousarray(tasks, dtype=np.int32)
     ntasks = len(tasks)
     r, K = plan.r, plan.k
+    deepest = max(r - 4, 0) if plan.fast else r - 1
+    if tasks.ndim != 2 or tasks.shape[1] > deepest:
+        raise SolverError(
+            f"tasks must be a 2-D array of prefixes of depth <= {deepest} for this plan, got shape {tasks.shape}."
+        )
     nth = int(threads) if threads is not None else numba.get_num_threads()
     Q, fast, use_bound, slack = plan.Q, plan.fast, plan.use_bound, plan.slack
     T, pairs, rx, tl = plan.tables()

@@ -395,3 +395,10 @@ def test_relaxation_prunes_large_M():
     plain = solve(q, 20, "enumerate", k=10, relaxation=False)
     np.testing.assert_allclose(res.energies, plain.energies, rtol=1e-12)
     assert res.info["nodes"] < plain.info["nodes"] / 10
+
+
+def test_tasks_deeper_than_the_kernel_allows_are_refused():
+    problem = Problem(random_block_qubo(20, 1), 6, 3, 0, None)
+    plan = en.plan_enumeration(problem)
+    with pytest.raises(SolverError, match="depth <= 2"):
+        en.enumerate_tasks(plan, np.array([[0, 1, 2]], dtype=np.int32))
