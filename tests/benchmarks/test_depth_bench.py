@@ -28,7 +28,7 @@ def installed():
         pytest.skip(f"default model or text not installed ({exc})")
 
 
-def _run(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def _run(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
         capture_output=True,
