@@ -39,6 +39,7 @@ from cbo.width.compress import depth_layers
 from cbo.width.mop import mixture_of_pruners
 from cbo.width.scores import score_units, score_variants
 
+METHODS = ("magnitude", "taylor", "afr", "ntk", "amp", "cbo-depth", "mop")
 AFR_VARIANTS = {
     "afr": {},
     "afr -power": {"power": False},
@@ -58,6 +59,11 @@ def parse_args(argv=None):
     p.add_argument("--n-test", type=int, default=None)
     p.add_argument("--no-speed", action="store_true", help="skip the tokens/s measurements")
     p.add_argument("--no-mop", action="store_true")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated subset of {','.join(METHODS)} (default: all)",
+    )
     p.add_argument("--mop-cbo", action="store_true", help="also run MoP with CBO depth candidates (slower)")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -170,7 +176,13 @@ def main(argv=None) -> list[dict]:
 
     # scores: computed once, allocated for every ratio; (label, scores, allocation, seconds)
     scored: list[tuple[str, object, str | None, float]] = []
+    methods = {m.strip() for m in args.methods.split(",") if m.strip()}
+    unknown = methods - set(METHODS)
+    if unknown:
+        raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
     for name in ("magnitude", "taylor", "afr", "ntk", "amp"):
+        if name not in methods:
+            continue
         t0 = time.perf_counter()
         if name == "afr" and not args.quick:
             variants = score_variants(model, calib, "afr", list(AFR_VARIANTS.values()))
@@ -208,7 +220,7 @@ def main(argv=None) -> list[dict]:
             if label in ("ntk", "amp (uniform)"):
                 keep((label, ratio), pruned)
             del pruned
-        if not args.quick:
+        if not args.quick and "cbo-depth" in methods:
             # one-shot depth + width: half the budget in whole layers chosen by the CBO QUBO, the rest by NTK
             t0 = time.perf_counter()
             per_layer = find_blocks(model, "layer")[0].n_params
@@ -227,7 +239,9 @@ def main(argv=None) -> list[dict]:
             )
             keep(("cbo depth + ntk", ratio), pruned)
             del pruned
-        mop_runs = [] if args.no_mop else ["antepenultimate"] + (["cbo"] if args.mop_cbo else [])
+        mop_runs = (
+            [] if (args.no_mop or "mop" not in methods) else ["antepenultimate"] + (["cbo"] if args.mop_cbo else [])
+        )
         for depth in mop_runs:
             t0 = time.perf_counter()
             result = mixture_of_pruners(
