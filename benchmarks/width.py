@@ -3,16 +3,19 @@
 For each parameter-reduction ratio (fraction of *all* parameters, embeddings included) it prunes the model
 with magnitude, Taylor (absolute), AFR-structured (all three fixes, then each switched off in turn), NTK
 (NIRVANA), AMP (uniform per layer, its default, and with the global ranking), CBO depth + NTK width
-(one-shot), and the MoP scheduler (AMP width, antepenultimate depth, KL criterion), then reports held-out perplexity, KL to the original and next-token agreement on the test
-split, and measured prefill / decode tokens/s (:func:`cbo.evaluate.throughput`).
+(one-shot), and the MoP scheduler (AMP width, antepenultimate depth, KL criterion), then reports held-out
+perplexity, KL to the original and next-token agreement on the test split, and measured prefill / decode
+tokens/s (:func:`cbo.evaluate.throughput`); at the end a few models are re-timed round-robin so that load
+on a shared machine hits them alike.
 
 Data (default Austen splits of :func:`cbo.data.make_splits`): calibration 8 windows x 128 tokens (Emma),
 control 4 x 128 (validation novel; MoP criterion), test 16 x 128 (Persuasion). Scores are computed once and
 allocated for every ratio; the AFR variants share one set of calibration passes.
 
 Usage:
-    python benchmarks/width.py                  # default run (~10-15 min on 2 CPU cores)
-    python benchmarks/width.py --quick          # < 2 min: ratio 0.1, tiny splits, fewer methods
+    python benchmarks/width.py                  # default run (~30 CPU-minutes with 1 thread; measured on a shared box)
+    python benchmarks/width.py --quick          # ~1 CPU-minute: ratio 0.1, tiny splits, fewer methods
+    python benchmarks/width.py --methods ntk,amp --threads 2
     python benchmarks/width.py --json out.json  # also write the rows as JSON
 """
 
@@ -94,7 +97,7 @@ def settings(args) -> dict:
             n_calibration=8,
             n_control=4,
             n_test=16,
-            speed=dict(prompt_len=128, new_tokens=32, repeats=3),
+            speed=dict(prompt_len=128, new_tokens=16, repeats=2),
             speed_rounds=3,
         )
     for key in ("ratios", "seq_len", "n_calibration", "n_control", "n_test", "speed_rounds"):
