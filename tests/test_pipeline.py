@@ -248,6 +248,15 @@ def test_cli_hessian_and_prune(tiny_model, tmp_path, monkeypatch):
 
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
 
+    plots = tmp_path / "plots"
+    res = runner.invoke(app, [*args, "--n-validation", "3", "--plots", str(plots), "-q", *small])
+    assert res.exit_code == 0, res.output
+    names = sorted(p.name for p in plots.glob("*.png"))
+    assert names == ["couplings.png", "energy_vs_kl.png", "hamming.png", "removal_map.png", "spectrum.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots.glob("*.png"))
+    res = runner.invoke(app, [*args, "--method", "block_influence", "--plots", str(plots), "-q", *small])
+    assert res.exit_code == 2 and "--plots needs the CBO method" in " ".join(res.output.split())
+
     res = runner.invoke(app, [*args, "--n-validation", "3", "--json", "-q", *small])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["format"] == "cbo.depthreport"

@@ -114,7 +114,7 @@ def hessian(
 @app.command()
 def prune(
     model: str = typer.Argument("smollm2-135m", help=MODEL_HELP),
-    remove: int = typer.Option(8, "--remove", "-m", help="M, the number of blocks to remove."),
+    remove: Optional[int] = typer.Option(None, "--remove", "-m", help="M, the number of blocks to remove (default 8)."),
     top: int = typer.Option(10, "--top", "-k", help="How many low-energy states to rank."),
     validate: int = typer.Option(5, "--validate", "-v", help="How many of them to measure on validation text."),
     text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
@@ -132,12 +132,38 @@ def prune(
     option: list[str] = typer.Option([], "--option", help="Estimator option KEY=VALUE, e.g. couplings=raw."),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse/store Hessians under CBO_HOME/cache."),
     out: Optional[Path] = typer.Option(None, "--out", help="Save the pruned model, tokenizer and report.json here."),
+    plots: Optional[Path] = typer.Option(
+        None, "--plots", help="Write spectrum, removal map, Hamming, energy-vs-KL and coupling plots here."
+    ),
+    width: Optional[str] = typer.Option(
+        None, "--width", "-w", help="Width pruning instead of depth: a score (ntk, amp, afr, taylor, magnitude)."
+    ),
+    ratio: Optional[float] = typer.Option(
+        None, "--ratio", "-r", help="With --width: fraction of the parameters to remove, in (0, 1)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
-    """Remove M blocks chosen by constrained binary optimization; validate the top states and keep the best."""
+    """Remove M blocks chosen by constrained binary optimization; validate the top states and keep the best.
+
+    With --width NAME --ratio R it prunes attention heads and MLP neurons instead (one-shot, score NAME);
+    `cbo compress` combines depth and width and runs the MoP scheduler.
+    """
     from cbo.pipeline import prune_depth
 
+    if width is not None or ratio is not None:
+        if remove is not None:
+            _fail(
+                CBOError(
+                    "--remove (depth) and --width (width) were both given; use `cbo compress --depth cbo "
+                    "--width NAME --ratio R` to combine them."
+                )
+            )
+        if ratio is None:
+            _fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
+        _prune_width(model, width, ratio, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet)
+        return
+    remove = 8 if remove is None else remove
     try:
         opts = _options(option)
         _say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
@@ -165,6 +191,7 @@ def prune(
         )
         if out is not None:
             report.save_model(out)
+        written = _write_plots(report, plots) if plots is not None else []
     except CBOError as exc:
         _fail(exc)
     if as_json:
@@ -177,3 +204,68 @@ def prune(
         )
         if out is not None:
             console.print(f"saved the pruned model and report.json to {out}")
+        if written:
+            console.print(f"wrote {len(written)} plots to {plots}")
+
+
+def _write_plots(report: Any, directory: Path) -> list[Path]:
+    """The pruning report's plots: the ranked states, the couplings, and energy vs validation KL."""
+    from cbo import plot
+
+    if report.states is None:
+        raise CBOError(f"--plots needs the CBO method (energies and states); {report.method!r} ranks no states.")
+    written = plot.save_all(report.states, report.qubo, directory)
+    measured = [v for v in report.validation if v.kl is not None]
+    if len(measured) >= 1:
+        chosen = next((k for k, v in enumerate(measured) if v.removed == report.chosen_blocks), None)
+        fig = plot.plot_energy_vs_measured(
+            [v.energy for v in measured], [v.kl for v in measured], chosen=chosen, path=directory / "energy_vs_kl.png"
+        )
+        plot._pyplot().close(fig)
+        written.append(directory / "energy_vs_kl.png")
+    return written
+
+
+def _prune_width(
+    model: str,
+    width: Optional[str],
+    ratio: float,
+    text: Optional[Path],
+    n_calibration: int,
+    n_validation: int,
+    seq_len: int,
+    seed: int,
+    out: Optional[Path],
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """``cbo prune --width NAME --ratio R``: one-shot width pruning with the before/after report of ``compress``."""
+    from cbo.cli.width_cmds import _report_table
+    from cbo.width.compress import compress
+
+    try:
+        _say(quiet, f"pruning {ratio:.0%} of the parameters of {model} by width ({width or 'ntk'}) ...")
+        report = compress(
+            model,
+            None,
+            text,
+            ratio=ratio,
+            width=width or "ntk",
+            depth="none",
+            scheduler="oneshot",
+            seq_len=seq_len,
+            n_calibration=n_calibration,
+            n_validation=n_validation,
+            measure_speed=not as_json,
+            out=out,
+            seed=seed,
+            progress=not quiet,
+        )
+    except CBOError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=1, default=str))
+        return
+    console.print(_report_table(report))
+    if out is not None:
+        console.print(f"saved to {out} (load with cbo.load_pruned)")

@@ -68,3 +68,28 @@ def test_compress_errors_and_score_list(folder):
     assert res.exit_code == 2 and "unknown width score 'wanda'" in res.output
     res = runner.invoke(app, ["width-scores"])
     assert res.exit_code == 0 and all(n in res.output for n in ("afr", "amp", "magnitude", "ntk", "taylor"))
+
+
+def test_prune_width_route(folder, tmp_path):
+    """`cbo prune --width NAME --ratio R` prunes heads/neurons one-shot and saves a reloadable model."""
+    from cbo.surgery.io import load_pruned
+    from cbo.width.structures import layer_widths
+
+    _register()
+    model, text = folder
+    runner = CliRunner()
+    out = tmp_path / "w"
+    small = ["--text", str(text), "--seq-len", "16", "--n-calibration", "4", "--n-validation", "2", "-q"]
+    res = runner.invoke(app, ["prune", str(model), "--width", "magnitude", "--ratio", "0.2", "--out", str(out), *small])
+    assert res.exit_code == 0, res.output
+    assert "perplexity" in res.output and "KL to original" in res.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["width"] == "magnitude" and 0.1 < report["ratio"] < 0.3
+    pruned = load_pruned(out)
+    widths = layer_widths(pruned)
+    assert len(widths) == 6  # width only: every layer kept
+    assert sum(p.numel() for p in pruned.parameters()) == report["params_after"] < report["params_before"]
+    res = runner.invoke(app, ["prune", str(model), "--width", "ntk", *small])
+    assert res.exit_code == 2 and "--width needs --ratio" in res.output
+    res = runner.invoke(app, ["prune", str(model), "--width", "ntk", "--ratio", "0.2", "--remove", "2", *small])
+    assert res.exit_code == 2 and "cbo compress --depth cbo" in " ".join(res.output.split())
