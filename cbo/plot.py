@@ -186,3 +186,117 @@ def save_all(states: RankedStates, qubo: BlockQUBO | None, directory: str | Path
         plt.close(plot_couplings(qubo, path=d / "couplings.png"))
         out.append(d / "couplings.png")
     return out
+
+
+def _steps(result: Any) -> list[dict[str, Any]]:
+    """MoP steps as dicts, from a MoPResult, a CompressionReport, or a list of MoPStep / dicts."""
+    import dataclasses
+
+    steps = getattr(result, "path", result)
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence):
+        raise CBOError(
+            f"expected a MoP path (MoPResult, CompressionReport or a list of steps), got {type(result).__name__}."
+        )
+    out = []
+    for s in steps:
+        d = dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(s)
+        if d.get("chosen") not in ("depth", "width") or "params_after" not in d:
+            raise CBOError(f"a MoP step needs 'chosen' (depth or width) and 'params_after', got {d!r}.")
+        out.append(d)
+    if not out:
+        raise CBOError("nothing to plot: the MoP path is empty (one-shot schedulers record no path).")
+    return out
+
+
+def plot_mop_path(
+    result: Any,
+    *,
+    params_before: int | None = None,
+    criterion: str | None = None,
+    ax: Any = None,
+    path: str | Path | None = None,
+) -> Any:
+    """The MoP path: criterion value of each step's chosen candidate against the parameters removed so far.
+
+    Depth steps are squares, width steps circles; the candidate not taken at each step is a grey cross at the
+    same abscissa. ``result`` is a :class:`cbo.width.mop.MoPResult`, a :class:`CompressionReport` from
+    ``compress(..., scheduler="mop")``, or a list of steps (``MoPStep`` or their dicts).
+    """
+    steps = _steps(result)
+    p0 = params_before or getattr(result, "params_before", None) or steps[0]["params_before"]
+    settings = getattr(result, "settings", None) or {}
+    criterion = criterion or getattr(result, "criterion", None) or settings.get("criterion") or "criterion"
+    fig, ax = _figure(ax, (6.5, 4))
+    x = np.array([1.0 - s["params_after"] / p0 for s in steps])
+
+    def value(s: dict[str, Any], kind: str) -> float:
+        v = s.get(f"{kind}_score")
+        return np.nan if v is None else float(v)
+
+    chosen = np.array([value(s, s["chosen"]) for s in steps])
+    other = np.array([value(s, "width" if s["chosen"] == "depth" else "depth") for s in steps])
+    ax.plot(x, chosen, "-", color="0.6", lw=1, zorder=1)
+    for kind, marker, color in (("depth", "s", "C0"), ("width", "o", "C1")):
+        idx = [i for i, s in enumerate(steps) if s["chosen"] == kind]
+        ax.scatter(x[idx], chosen[idx], marker=marker, s=40, color=color, label=f"{kind} step", zorder=3)
+    taken = np.isfinite(other)
+    if taken.any():
+        ax.scatter(x[taken], other[taken], marker="x", s=30, color="0.5", label="candidate not taken", zorder=2)
+    for i, s in enumerate(steps):
+        if s["chosen"] == "depth" and s.get("depth_original_layer") is not None and np.isfinite(chosen[i]):
+            ax.annotate(
+                f"L{s['depth_original_layer']}",
+                (x[i], chosen[i]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+            )
+    ax.set_xlabel("fraction of parameters removed")
+    ax.set_ylabel(f"{criterion} of the chosen candidate")
+    letters = "".join("D" if s["chosen"] == "depth" else "W" for s in steps)
+    ax.set_title(f"MoP path {letters} ({criterion})")
+    ax.legend(loc="best", fontsize=8)
+    return _finish(fig, path)
+
+
+def plot_solver_comparison(
+    rows: Any,
+    *,
+    metric: str = "recall",
+    ax: Any = None,
+    path: str | Path | None = None,
+) -> Any:
+    """Wall time (log scale) against a quality metric, one colour per solver and one point per instance.
+
+    ``rows`` is a list of dicts or a pandas DataFrame with columns ``solver``, ``wall_s`` and ``metric``
+    (e.g. ``recall`` of the exact top-K); rows with a missing value are left out.
+    """
+    records = rows.to_dict("records") if hasattr(rows, "to_dict") else [dict(r) for r in rows]
+    good = []
+    for r in records:
+        if "solver" not in r or "wall_s" not in r or metric not in r:
+            raise CBOError(f"each row needs 'solver', 'wall_s' and {metric!r}, got keys {sorted(r)}.")
+        t, m = r["wall_s"], r[metric]
+        if t is not None and m is not None and np.isfinite(t) and np.isfinite(m):
+            good.append(r)
+    if not good:
+        raise CBOError(f"nothing to plot: no row has both a wall time and a {metric!r} value.")
+    fig, ax = _figure(ax, (6.5, 4))
+    solvers = list(dict.fromkeys(r["solver"] for r in good))
+    for i, name in enumerate(solvers):
+        pts = [r for r in good if r["solver"] == name]
+        ax.scatter(
+            [max(float(r["wall_s"]), 1e-6) for r in pts],
+            [float(r[metric]) for r in pts],
+            s=36,
+            color=f"C{i % 10}",
+            marker="osD^v<>pP*"[i % 10],
+            label=name,
+            alpha=0.85,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel(metric)
+    ax.set_title(f"Solvers: time vs {metric} ({len(solvers)} solvers, {len(good)} runs)")
+    ax.legend(loc="best", fontsize=8, ncol=2)
+    return _finish(fig, path)
