@@ -238,6 +238,8 @@ def plot_mop_path(
     ax.plot(x, chosen, "-", color="0.6", lw=1, zorder=1)
     for kind, marker, color in (("depth", "s", "C0"), ("width", "o", "C1")):
         idx = [i for i, s in enumerate(steps) if s["chosen"] == kind]
+        if not idx:
+            continue
         ax.scatter(x[idx], chosen[idx], marker=marker, s=40, color=color, label=f"{kind} step", zorder=3)
     taken = np.isfinite(other)
     if taken.any():

@@ -131,3 +131,9 @@ def test_solver_comparison_plot_refuses_bad_rows():
         cplot.plot_solver_comparison([{"solver": "x", "recall": 1.0}])
     with pytest.raises(Exception, match="nothing to plot"):
         cplot.plot_solver_comparison([{"solver": "x", "wall_s": None, "recall": None}])
+
+
+def test_mop_path_plot_without_depth_steps_has_no_depth_series():
+    steps = [s for s in _mop_steps() if s.chosen == "width"]
+    labels = [c.get_label() for c in cplot.plot_mop_path(steps).axes[0].collections]
+    assert labels == ["width step", "candidate not taken"]
