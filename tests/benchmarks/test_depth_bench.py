@@ -153,3 +153,27 @@ def test_speed_quick(installed, tmp_path):
         assert run["prefill_tokens_per_s"] > 0 and run["decode_tokens_per_s"] > 0
         assert 0 < variant["peak_rss_mb"] < 64 * 1024
     assert data["ideal_depth_speedup"] == pytest.approx(30 / 22)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_fidelity_quick(installed, tmp_path):
+    out = tmp_path / "fid"
+    _run("fidelity.py", "--quick", "--threads", "1", "--no-progress", "--out", str(out))
+    data = json.loads((out / "results-quick.json").read_text())
+    rows = data["table"]["4"]
+    assert {"block_influence", "angular", "sleb", "taylor", "ppl"} <= set(rows)
+    for v in ("fisher", "singles", "hybrid"):
+        entry = data["variants"][v]["4"]
+        assert entry["energies"] == sorted(entry["energies"]) and all(len(s) == 4 for s in entry["states"])
+        ground, best = rows[f"{v} (ground)"], rows[f"{v} (best of top-5)"]
+        # the choice is made on the validation split only: the lowest validation KL among the top-K states
+        assert best["val_kl"] <= ground["val_kl"] and best["set"] == entry["states"][best["rank"]]
+        f = data["fidelity"][v]["4"]["all"]
+        assert -1.0 <= f["spearman"] <= 1.0 and f["n"] >= 6
+    for r in rows.values():
+        assert len(r["set"]) == 4 and math.isfinite(r["test_kl"]) and r["test_kl"] > 0
+    # the table measures exactly the sets the baselines chose
+    assert data["baselines"]["ppl"]["sets"]["4"] == rows["ppl"]["set"]
+    _run("fidelity.py", "--quick", "--stage", "report", "--out", str(out))
+    assert "| method | removed | val KL | test KL | test PPL |" in (out / "results-quick.md").read_text()
