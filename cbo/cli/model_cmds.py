@@ -136,7 +136,7 @@ def prune(
         None, "--plots", help="Write spectrum, removal map, Hamming, energy-vs-KL and coupling plots here."
     ),
     width: Optional[str] = typer.Option(
-        None, "--width", "-w", help="Width pruning instead of depth: a score (ntk, amp, afr, taylor, magnitude)."
+        None, "--width", "-w", help="Width pruning instead of depth: a score (taylor, amp, ntk, afr, magnitude)."
     ),
     ratio: Optional[float] = typer.Option(
         None, "--ratio", "-r", help="With --width: fraction of the parameters to remove, in (0, 1)."
@@ -244,13 +244,13 @@ def _prune_width(
     from cbo.width.compress import compress
 
     try:
-        _say(quiet, f"pruning {ratio:.0%} of the parameters of {model} by width ({width or 'ntk'}) ...")
+        _say(quiet, f"pruning {ratio:.0%} of the parameters of {model} by width ({width or 'taylor'}) ...")
         report = compress(
             model,
             None,
             text,
             ratio=ratio,
-            width=width or "ntk",
+            width=width or "taylor",
             depth="none",
             scheduler="oneshot",
             seq_len=seq_len,

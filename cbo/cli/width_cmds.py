@@ -58,7 +58,7 @@ def compress(
     model: str = typer.Argument("smollm2-135m", help="Model name or folder (default: the installed SmolLM2-135M)."),
     ratio: float = typer.Option(0.3, "--ratio", "-r", help="Fraction of the parameters to remove, in (0, 1)."),
     width: Optional[str] = typer.Option(
-        None, "--width", "-w", help="Width score: ntk (one-shot default), amp (MoP default), afr, taylor, magnitude."
+        None, "--width", "-w", help="Width score: taylor (one-shot default), amp (MoP default), ntk, afr, magnitude."
     ),
     scheduler: str = typer.Option("oneshot", "--scheduler", "-s", help="oneshot or mop (Mixture of Pruners)."),
     criterion: str = typer.Option("kl", "--criterion", help="MoP path criterion: cosine, kl, ppl, random."),

@@ -29,6 +29,8 @@ from cbo.errors import CBOError, DataError, InfeasibleError
 
 torch = require("torch", "torch", "compression")
 
+# the one-shot width score used when none is given: the best measured on the default model (BENCHMARKS.md)
+DEFAULT_ONESHOT_SCORE = "taylor"
 SCHEDULERS = ("oneshot", "mop")
 DEPTH_METHODS = ("none", "cbo", "antepenultimate")
 
@@ -39,7 +41,7 @@ def width_prune(
     *,
     ratio: float | None = None,
     remove_params: int | None = None,
-    score: str = "ntk",
+    score: str = DEFAULT_ONESHOT_SCORE,
     gqa: str = "group",
     gamma: float | None = None,
     round_to: int = 8,
@@ -238,7 +240,8 @@ def compress(
         ratio: fraction of the model's parameters to remove, in (0, 1).
         depth: ``none``, ``cbo`` (QUBO ground state) or ``antepenultimate``; with ``scheduler="mop"`` the rule
             that proposes each step's layer.
-        width: width score (default ``ntk`` one-shot, ``amp`` for MoP).
+        width: width score (default ``taylor`` one-shot, ``amp`` for MoP: the best of each on the default model
+            in BENCHMARKS.md).
         scheduler: ``oneshot`` or ``mop``.
         criterion: MoP path criterion (``cosine``, ``kl``, ``ppl``, ``random``).
         depth_share: one-shot with depth: share of the budget taken by whole layers (rounded to layers).
@@ -269,7 +272,7 @@ def compress(
         raise InfeasibleError(f"ratio must be in (0, 1) (fraction of parameters to remove), got {ratio!r}")
     if not 0.0 <= depth_share <= 1.0:
         raise InfeasibleError(f"depth_share must be in [0, 1], got {depth_share}")
-    width = width or ("amp" if scheduler == "mop" else "ntk")
+    width = width or ("amp" if scheduler == "mop" else DEFAULT_ONESHOT_SCORE)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     name = (
