@@ -11,6 +11,11 @@ Each instance is a :class:`cbo.BlockQUBO` file (``BlockQUBO.load``) estimated on
 
     .venv/bin/python benchmarks/make_instances.py
     .venv/bin/python benchmarks/make_instances.py --specs fisher,pairwise:windows=8 --sublayer-specs fisher
+    .venv/bin/python benchmarks/make_instances.py --specs fisher --from-fidelity benchmarks/out/fidelity/results.json
+
+``--from-fidelity`` also saves the QUBO of every estimator variant that ``benchmarks/fidelity.py`` built
+(``..._layer_<variant>-kl.cboq``; variants fitted for one M, ``fit`` and ``trust``, get ``_M<m>``), with the
+calibration windows that script used (8 x 128 tokens).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     p.add_argument("--calibration", type=int, default=32, help="calibration windows (default 32)")
     p.add_argument("--specs", default="fisher,pairwise:windows=8", help="layer estimator specs")
     p.add_argument("--sublayer-specs", default="fisher", help="sublayer estimator specs")
+    p.add_argument("--from-fidelity", default=None, help="also save the variants' QUBOs from a fidelity.py result")
     args = p.parse_args(argv)
     if args.seq_len is None:
         args.seq_len = 128
@@ -57,6 +63,41 @@ def main(argv: list[str] | None = None) -> list[Path]:
         qubo.save(path)
         written.append(path)
         print(f"{path} ({qubo.n} blocks, estimated in {qubo.metadata.get('wall_time_s')} s; this call {wall:.1f} s)")
+    if args.from_fidelity:
+        written += from_fidelity(Path(args.from_fidelity), out, name)
+    return written
+
+
+def from_fidelity(result_path: Path, out: Path, name: str) -> list[Path]:
+    """The QUBO of every variant in a ``fidelity.py`` result (one file per variant, or per M when fitted per M)."""
+    import json
+
+    import numpy as np
+
+    from cbo.qubo import BlockQUBO
+
+    result = json.loads(result_path.read_text())
+    setup = result.get("setup", {})
+    written = []
+    for variant, per_m in result.get("variants", {}).items():
+        qubos = {m: (np.array(e["qubo"]["H"]), np.array(e["qubo"]["g"]), e["cost"]) for m, e in per_m.items()}
+        first = next(iter(qubos.values()))
+        same = all(np.array_equal(H, first[0]) and np.array_equal(g, first[1]) for H, g, _ in qubos.values())
+        for m, (H, g, cost) in list(qubos.items())[:1] if same else qubos.items():
+            meta = {
+                "instance": {
+                    "source": "benchmarks/fidelity.py",
+                    "variant": variant,
+                    "fitted_for_remove": None if same else int(m),
+                    "calibration": setup.get("calibration"),
+                    "data": setup.get("documents", {}).get("calibration"),
+                },
+                "cost": cost,
+            }
+            path = out / f"{name}_layer_{variant}-kl{'' if same else f'_M{m}'}.cboq"
+            BlockQUBO(H, g, metadata=meta).save(path)
+            written.append(path)
+            print(f"{path} ({len(g)} blocks, from {result_path})")
     return written
 
 

@@ -7,7 +7,7 @@ reference ground energy, top-10 recall (how many of its 10 best states have an e
 the reference's 10th, so ties count), the feasible fraction of its raw samples, and how many
 distinct states it returned.
 
-    python benchmarks/solvers.py                         # the five synthetic instances
+    python benchmarks/solvers.py                         # the synthetic instances + benchmarks/instances/*.cboq
     python benchmarks/solvers.py --quick                 # a fast smoke run (small instances)
     python benchmarks/solvers.py my.qubo:8 other.qubo    # plus QUBO files (":M", default M = N // 4)
 
@@ -53,11 +53,16 @@ QUICK_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+INSTANCES = Path(__file__).resolve().parent / "instances"
+
+
 def instances(quick: bool, seed: int, files: list[str]) -> list[dict[str, Any]]:
     out = []
     shapes = QUICK if quick else [SMALL_FOR_QAOA] + SYNTHETIC
     for n, m in shapes:
         out.append({"name": f"synthetic({n},{m})", "qubo": random_block_qubo(n, seed), "M": m})
+    if not files and not quick:  # the default model's real instances (benchmarks/make_instances.py)
+        files = [f"{p}:{'16,30' if 'sublayer' in p.name else '8,15'}" for p in sorted(INSTANCES.glob("*.cboq"))]
     for spec in files:
         path, _, m = spec.partition(":")
         q = BlockQUBO.load(path)

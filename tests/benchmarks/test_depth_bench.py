@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,3 +178,31 @@ def test_fidelity_quick(installed, tmp_path):
     assert data["baselines"]["ppl"]["sets"]["4"] == rows["ppl"]["set"]
     _run("fidelity.py", "--quick", "--stage", "report", "--out", str(out))
     assert "| method | removed | val KL | test KL | test PPL |" in (out / "results-quick.md").read_text()
+
+
+def test_make_instances_from_fidelity_result(tmp_path):
+    """Variants shared by every M give one instance file; variants fitted per M give one per M, each loadable."""
+    from cbo.qubo import BlockQUBO
+
+    MI = _bench_module("make_instances")
+    rng = np.random.default_rng(0)
+
+    def entry(H):
+        return {"qubo": {"H": H.tolist(), "g": [0.0] * 5}, "cost": {"forward_passes": 1}}
+
+    A = rng.random((5, 5))
+    A = A + A.T
+    B = A + 1.0
+    result = {
+        "setup": {"calibration": [8, 128], "documents": {"calibration": ["emma"]}},
+        "variants": {"shared": {"2": entry(A), "3": entry(A)}, "perm": {"2": entry(A), "3": entry(B)}},
+    }
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    written = MI.from_fidelity(tmp_path / "r.json", tmp_path, "m")
+    assert sorted(p.name for p in written) == [
+        "m_layer_perm-kl_M2.cboq",
+        "m_layer_perm-kl_M3.cboq",
+        "m_layer_shared-kl.cboq",
+    ]
+    q = BlockQUBO.load(tmp_path / "m_layer_perm-kl_M3.cboq")
+    assert np.allclose(q.H, B) and q.metadata["instance"]["fitted_for_remove"] == 3
