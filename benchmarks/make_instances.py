@@ -14,7 +14,8 @@ Each instance is a :class:`cbo.BlockQUBO` file (``BlockQUBO.load``) estimated on
     .venv/bin/python benchmarks/make_instances.py --specs fisher --from-fidelity benchmarks/out/fidelity/results.json
 
 ``--from-fidelity`` also saves the QUBO of every estimator variant that ``benchmarks/fidelity.py`` built
-(``..._layer_<variant>-kl.cboq``; variants fitted for one M, ``fit`` and ``trust``, get ``_M<m>``), with the
+(``..._layer_<variant>-kl-w<windows>.cboq``; variants fitted for one M, ``fit`` and ``trust``, get
+``_M<m>``), with the
 calibration windows that script used (8 x 128 tokens).
 """
 
@@ -94,7 +95,8 @@ def from_fidelity(result_path: Path, out: Path, name: str) -> list[Path]:
                 },
                 "cost": cost,
             }
-            path = out / f"{name}_layer_{variant}-kl{'' if same else f'_M{m}'}.cboq"
+            windows = (setup.get("calibration") or ["?"])[0]
+            path = out / f"{name}_layer_{variant}-kl-w{windows}{'' if same else f'_M{m}'}.cboq"
             BlockQUBO(H, g, metadata=meta).save(path)
             written.append(path)
             print(f"{path} ({len(g)} blocks, from {result_path})")

@@ -200,9 +200,9 @@ def test_make_instances_from_fidelity_result(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(result))
     written = MI.from_fidelity(tmp_path / "r.json", tmp_path, "m")
     assert sorted(p.name for p in written) == [
-        "m_layer_perm-kl_M2.cboq",
-        "m_layer_perm-kl_M3.cboq",
-        "m_layer_shared-kl.cboq",
+        "m_layer_perm-kl-w8_M2.cboq",
+        "m_layer_perm-kl-w8_M3.cboq",
+        "m_layer_shared-kl-w8.cboq",
     ]
-    q = BlockQUBO.load(tmp_path / "m_layer_perm-kl_M3.cboq")
+    q = BlockQUBO.load(tmp_path / "m_layer_perm-kl-w8_M3.cboq")
     assert np.allclose(q.H, B) and q.metadata["instance"]["fitted_for_remove"] == 3
