@@ -340,17 +340,22 @@ def _progress(iterable: Any, enabled: bool, **kw: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- the pipeline
+# the depth estimator used when none is given, chosen from benchmarks/fidelity.py (BENCHMARKS.md): measured
+# single-block removal losses, whose validated excited states beat every baseline at M = 8 and 15 of 30 there
+DEFAULT_ESTIMATOR = "singles"
+
+
 def prune_depth(
     model: Any = "smollm2-135m",
     tokenizer: Any = None,
     text: Any = None,
     *,
     remove: int = 8,
-    estimator: str = "fisher",
+    estimator: str = DEFAULT_ESTIMATOR,
     loss: str = "kl",
     solver: str = "auto",
     top_k: int = 10,
-    validate: int = 5,
+    validate: int = 10,
     granularity: str = "layer",
     method: str = "cbo",
     keep: Any = None,
@@ -379,7 +384,8 @@ def prune_depth(
         tokenizer: the model's tokenizer (loaded with the model when ``model`` is a name).
         text: the text source (file, folder, .jsonl, list of strings, datasets object); None = the Austen novels.
         remove: M, the number of blocks to remove.
-        estimator, loss: Hessian estimator (``cbo.hessian.names()``) and loss (``"kl"`` or ``"ce"``).
+        estimator, loss: Hessian estimator (``cbo.hessian.names()``; default ``singles``, measured single-block
+            removals; ``fisher`` is the cheapest) and loss (``"kl"`` or ``"ce"``).
         solver: a registered solver name (``"auto"`` picks one).
         top_k: how many low-energy states to rank; validate: how many of them to measure.
         granularity: ``"layer"`` or ``"sublayer"`` (attention and MLP halves).

@@ -60,7 +60,7 @@ def test_prune_depth_validates_the_top_states_and_returns_the_best_pruned_model(
     assert report.pruned_metrics["kl"] == pytest.approx(best.kl)
     assert report.original_metrics["kl"] == pytest.approx(0.0, abs=1e-6)
     assert report.pruned_metrics["n_params"] < report.original_metrics["n_params"]
-    assert report.qubo.metadata["estimator"] == "fisher" and report.qubo.metadata["loss"] == "kl"
+    assert report.qubo.metadata["estimator"] == "singles" and report.qubo.metadata["loss"] == "kl"  # the default
     assert {"hessian", "solve", "validate", "prune", "total"} <= set(report.timings)
 
     data = json.loads(json.dumps(report.to_json()))

@@ -17,9 +17,9 @@ console = Console()
 def demo(
     out: Path = typer.Option(Path("demo-output"), "--out", help="Where the pruned model and report.json go."),
     remove: int = typer.Option(8, "--remove", "-m", help="Blocks to remove (of 30)."),
-    validate: int = typer.Option(5, "--validate", "-v", help="Low-energy states measured on validation text."),
+    validate: int = typer.Option(10, "--validate", "-v", help="Low-energy states measured on validation text."),
 ) -> None:
-    """Prune 8 of the 30 blocks of SmolLM2-135M on Austen's novels, validate the top 5, save the model."""
+    """Prune 8 of the 30 blocks of SmolLM2-135M on Austen's novels, validate the top 10, save the model."""
     from cbo.pipeline import prune_depth
 
     console.print(
