@@ -76,3 +76,17 @@ def default_text():
         return default_text_path()
     except DataError as exc:
         pytest.skip(f"default text not installed ({exc})")
+
+
+@pytest.fixture(scope="session")
+def installed():
+    """Skip unless `make setup` installed the default model and text (for scripts that load them themselves)."""
+    from cbo.assets import default_text_path
+    from cbo.errors import DataError, ModelError
+    from cbo.models import resolve_model
+
+    try:
+        resolve_model("smollm2-135m")
+        default_text_path()
+    except (ModelError, DataError) as exc:
+        pytest.skip(f"default model or text not installed ({exc})")

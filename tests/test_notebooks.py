@@ -66,20 +66,6 @@ def test_quick_injection_follows_the_parameters_cell():
     assert len(nb.cells) == len(_load("excited_states").cells) + 1
 
 
-@pytest.fixture(scope="module")
-def installed_assets():
-    """Skip unless `make setup` installed the default model and text."""
-    from cbo.assets import default_text_path
-    from cbo.errors import DataError, ModelError
-    from cbo.models import resolve_model
-
-    try:
-        resolve_model("smollm2-135m")
-        default_text_path()
-    except (ModelError, DataError) as exc:
-        pytest.skip(f"default model or text not installed ({exc})")
-
-
 def _figures(nb) -> int:
     return sum(
         1
@@ -93,7 +79,7 @@ def _figures(nb) -> int:
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NAMES))
-def test_notebook_runs_in_quick_mode(name, installed_assets, tmp_path):
+def test_notebook_runs_in_quick_mode(name, installed, tmp_path):
     nbclient = pytest.importorskip("nbclient")
     nb = with_quick(_load(name), out_dir=tmp_path / "out")
     client = nbclient.NotebookClient(

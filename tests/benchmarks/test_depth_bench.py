@@ -15,20 +15,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def installed():
-    from cbo.errors import DataError, ModelError
-    from cbo.models import resolve_model
-
-    try:
-        resolve_model("smollm2-135m")
-        from cbo.assets import default_text_path
-
-        default_text_path()
-    except (ModelError, DataError) as exc:
-        pytest.skip(f"default model or text not installed ({exc})")
-
-
 def _run(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
