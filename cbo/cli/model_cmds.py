@@ -55,7 +55,12 @@ def hessian(
     model: str = typer.Argument("smollm2-135m", help=MODEL_HELP),
     output: Path = typer.Option(..., "--output", "-o", help="QUBO file to write (.cboq)."),
     text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
-    estimator: str = typer.Option("fisher", "--estimator", "-e", help="fisher | exact | pairwise (see the docs)."),
+    estimator: str = typer.Option(
+        "fisher",
+        "--estimator",
+        "-e",
+        help="fisher (cheapest) | singles (the prune default) | hybrid | pairwise | exact.",
+    ),
     loss: str = typer.Option("kl", "--loss", help="kl (to the original) or ce (next-token cross-entropy)."),
     granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
     n_calibration: int = typer.Option(32, help="Calibration windows."),
