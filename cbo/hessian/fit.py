@@ -21,13 +21,13 @@ cross-validated error and rank correlation of the fit, the penalty, β and the w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from cbo.errors import CBOError
 from cbo.hessian.base import register
-from cbo.hessian.hybrid import CalibrationMeter, HybridEstimator, _check_int, _check_number
+from cbo.hessian.hybrid import CalibrationMeter, HybridEstimator, TargetedOptions, _check_int, _check_number
 
 RIDGE_GRID = tuple(10.0**k for k in np.arange(-4.0, 2.01, 0.5))
 
@@ -79,24 +79,16 @@ class FitEstimator(HybridEstimator):
     cost = "hybrid + `n_sets` removal sets of size M measured per batch"
 
     @dataclass
-    class Options(HybridEstimator.Options):
-        remove: int | None = None  # M, the number of blocks to remove (prune_depth passes it)
-        keep: tuple[int, ...] | list[int] = ()  # blocks never removed
+    class Options(TargetedOptions):
         n_sets: int = 120  # measured sets of size M
         ridge: float | None = None  # penalty; None = chosen by 5-fold cross-validation
-        screen: float = 4.0  # outside blocks used only if their single damage ≤ screen × the largest inside
+        estimator: ClassVar[str] = "fit"
 
         def validate(self) -> None:
-            HybridEstimator.Options.validate(self)
-            if self.remove is None:
-                raise CBOError("estimator 'fit' needs remove=M (the number of blocks to remove).")
-            _check_int(self.remove, "remove", 1)
+            TargetedOptions.validate(self)
             _check_int(self.n_sets, "n_sets", 5)
             if self.ridge is not None:
                 _check_number(self.ridge, "ridge")
-            _check_number(self.screen, "screen")
-            if not isinstance(self.keep, (tuple, list)) or not all(isinstance(k, int) for k in self.keep):
-                raise CBOError(f"keep must be a list of block indices, got {self.keep!r}.")
 
     def sample_sets(self, H0: np.ndarray, g0: np.ndarray, D1: np.ndarray, m: int, keep: set[int]) -> list[list[int]]:
         """Low-energy states of E₀ and their 1-3 swap perturbations, ``n_sets`` distinct sets of size m."""

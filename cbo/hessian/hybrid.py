@@ -24,7 +24,7 @@ The subclasses ``fit`` and ``trust`` start from this QUBO and refine it with mor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -267,3 +267,22 @@ class HybridEstimator(Estimator):
             d = np.sqrt(np.clip(np.diag(F), 1e-300, None))
             extra["fisher_correlation"] = [[float(v) for v in row] for row in F / np.outer(d, d)]
         return H, g, extra
+
+
+@dataclass
+class TargetedOptions(HybridEstimator.Options):
+    """Options of the estimators that refine the ``hybrid`` QUBO for one target M (``fit``, ``trust``)."""
+
+    remove: int | None = None  # M, the number of blocks to remove (prune_depth passes it)
+    keep: tuple[int, ...] | list[int] = ()  # blocks never removed
+    screen: float = 4.0  # outside blocks considered only if their single damage ≤ screen × the largest inside
+    estimator: ClassVar[str] = ""  # the estimator's name, for error messages
+
+    def validate(self) -> None:
+        HybridEstimator.Options.validate(self)
+        if self.remove is None:
+            raise CBOError(f"estimator '{self.estimator}' needs remove=M (the number of blocks to remove).")
+        _check_int(self.remove, "remove", 1)
+        _check_number(self.screen, "screen")
+        if not isinstance(self.keep, (tuple, list)) or not all(isinstance(k, int) for k in self.keep):
+            raise CBOError(f"keep must be a list of block indices, got {self.keep!r}.")

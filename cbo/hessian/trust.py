@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from cbo.errors import CBOError
 from cbo.hessian.base import register
-from cbo.hessian.hybrid import CalibrationMeter, HybridEstimator, _check_int, _check_number
+from cbo.hessian.hybrid import CalibrationMeter, HybridEstimator, TargetedOptions, _check_int, _check_number
 
 
 def flip_delta(H: np.ndarray, g: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -57,27 +57,19 @@ class TrustRegionEstimator(HybridEstimator):
     cost = "hybrid + per step up to N + `proposals` removal sets measured per batch, at most `max_steps` steps"
 
     @dataclass
-    class Options(HybridEstimator.Options):
-        remove: int | None = None  # M, the number of blocks to remove (prune_depth passes it)
-        keep: tuple[int, ...] | list[int] = ()  # blocks never removed
+    class Options(TargetedOptions):
         radius: int = 1  # swaps per move (Hamming distance 2·radius)
         proposals: int = 4  # predicted-best moves measured per step
         max_steps: int = 8
-        screen: float = 4.0  # outside blocks considered only if their single damage ≤ screen × the largest inside
         locality: float = 0.0  # energy per unit of Hamming distance from the final state, in units of D(S*)/M
+        estimator: ClassVar[str] = "trust"
 
         def validate(self) -> None:
-            HybridEstimator.Options.validate(self)
-            if self.remove is None:
-                raise CBOError("estimator 'trust' needs remove=M (the number of blocks to remove).")
-            _check_int(self.remove, "remove", 1)
+            TargetedOptions.validate(self)
             _check_int(self.radius, "radius", 1)
             _check_int(self.proposals, "proposals", 1)
             _check_int(self.max_steps, "max_steps", 0)
-            _check_number(self.screen, "screen")
             _check_number(self.locality, "locality")
-            if not isinstance(self.keep, (tuple, list)) or not all(isinstance(k, int) for k in self.keep):
-                raise CBOError(f"keep must be a list of block indices, got {self.keep!r}.")
 
     # ------------------------------------------------------------------ the search
     def _check(self, n: int) -> tuple[int, set[int]]:

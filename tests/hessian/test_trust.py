@@ -118,3 +118,14 @@ def test_prune_depth_passes_remove_to_the_estimator(setup):
     assert len(report.chosen_blocks) == M
     assert report.qubo.metadata["options"]["remove"] == M
     assert len(find_blocks(report.pruned_model)) == N - M
+
+
+@pytest.mark.parametrize("name", ["fit", "trust"])
+def test_targeted_estimators_name_themselves_in_option_errors(name):
+    from cbo.hessian.base import get
+
+    options = get(name).Options
+    with pytest.raises(CBOError, match=f"estimator '{name}' needs remove=M"):
+        options().validate()
+    with pytest.raises(CBOError, match="keep must be a list of block indices"):
+        options(remove=2, keep="0").validate()
