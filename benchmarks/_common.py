@@ -401,6 +401,32 @@ def cpu_seconds() -> float:
 
 
 def timing_line(result: dict) -> str:
+    """The wall/CPU-time line of a report, with the count of new measurements where the run keeps one."""
+    if result.get("wall_time_s") is None:
+        return "Wall time: unknown (the run did not finish; these are the rows it completed)"
     cpu = result.get("cpu_time_s")
     extra = f", {cpu:.0f} s of CPU time (user + system, all threads)" if cpu is not None else ""
-    return f"Wall time: {result['wall_time_s']:.0f} s{extra}"
+    new = result.get("new_measurements")
+    cached = f" ({new} new measurements; the rest cached)" if new is not None else ""
+    return f"Wall time: {result['wall_time_s']:.0f} s{extra}{cached}"
+
+
+def add_report_arg(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help=f"compute nothing: rewrite the Markdown and plot from OUT/{name}.json (also of an interrupted run)",
+    )
+
+
+def report_only(out: Path, name: str, markdown, plot=None) -> dict:
+    """Rewrite ``OUT/name.md`` (and ``.png``) from ``OUT/name.json``; a clear error when there is no JSON."""
+    path = Path(out) / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"--report: {path} does not exist; run the benchmark without --report first")
+    result = json.loads(path.read_text())
+    (Path(out) / f"{name}.md").write_text(markdown(result))
+    if plot is not None:
+        plot(result, Path(out) / f"{name}.png")
+    print(f"wrote {Path(out) / name}.md{'' if plot is None else ', .png'} from {path}", flush=True)
+    return result

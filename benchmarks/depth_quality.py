@@ -43,7 +43,7 @@ DEFAULTS = {
     "validation": 32,
     "test": 64,
     "seq_len": 128,
-    "estimators": "fisher,pairwise:windows=8",
+    "estimators": "singles,fisher",
     "sublayer_estimators": "fisher",
     "baselines": "block_influence,angular,sleb,taylor,ppl",
     "sublayer_baselines": "block_influence",
@@ -58,7 +58,7 @@ QUICK = {
     "validation": 2,
     "test": 2,
     "seq_len": 64,
-    "estimators": "fisher",
+    "estimators": "singles,fisher",
     "sublayer_estimators": "fisher",
     "baselines": "block_influence,angular,sleb,taylor,ppl",
     "sublayer_baselines": "block_influence",
@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--estimators",
         help="comma-separated estimator specs name[:key=value...] for layer CBO; keys windows/loss/batch_size/label "
-        "set the run, others are estimator options (default: fisher,pairwise:windows=8); 'registry' = every "
+        "set the run, others are estimator options (default: singles,fisher); 'registry' = every "
         "registered estimator",
     )
     p.add_argument("--estimator", action="append", default=[], help="one more layer estimator spec (repeatable)")
@@ -92,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sleb-windows", type=int, help="calibration windows SLEB measures with (default 8)")
     p.add_argument("--solver", default=None, help="solver name (default: auto / enumerate / swap-tabu by size)")
     p.add_argument("--no-plot", action="store_true")
+    C.add_report_arg(p, "depth_quality")
     args = p.parse_args(argv)
     base = QUICK if args.quick else DEFAULTS
     for key, value in base.items():
@@ -125,6 +126,8 @@ def ranking_for(method, model, windows, granularity, max_remove, caps, cache_dir
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.report:
+        return C.report_only(Path(args.out), "depth_quality", markdown, None if args.no_plot else plot)
     clock = C.Stopwatch()
     C.setup_torch(args.threads)
     out = Path(args.out)
@@ -362,7 +365,7 @@ def markdown(result: dict) -> str:
         f"Command: `{result['command']}`  ",
         f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, torch threads "
         f"{result['machine']['torch_threads']}, load average at start {result['machine']['load_average_at_start']}  ",
-        f"{C.timing_line(result)} ({result['new_measurements']} new measurements; the rest cached)  ",
+        f"{C.timing_line(result)}  ",
         f"Data: calibration {s['calibration']}, validation {s['validation']}, test {s['test']} windows x "
         f"{s['seq_len']} tokens (test: {', '.join(result['data']['documents']['test'])}); unpruned test PPL "
         f"{C.fmt(orig['ppl'])}, {orig['n_params'] / 1e6:.1f}M parameters, {n} layers.",

@@ -78,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--low", type=int, help="lowest-energy sets per estimator, loss and M (default 50)")
     p.add_argument("--solver", default=None, help="solver for the low-energy sets (default: auto/enumerate)")
     p.add_argument("--no-plot", action="store_true")
+    C.add_report_arg(p, "estimators")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key, None) is None:
@@ -128,6 +129,8 @@ def fidelity(energies: list[float], kls: list[float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.report:
+        return C.report_only(Path(args.out), "estimators", markdown, None if args.no_plot else plot)
     clock = C.Stopwatch()
     C.setup_torch(args.threads)
     out = Path(args.out)
@@ -265,7 +268,7 @@ def markdown(result: dict) -> str:
         f"Command: `{result['command']}`  ",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}, load average at start "
         f"{m['load_average_at_start']}  ",
-        f"{C.timing_line(result)} ({result['new_measurements']} new measurements; the rest cached)  ",
+        f"{C.timing_line(result)}  ",
         f"Sets per M: {s['random']} random + the {s['low']} lowest-energy of each estimator; each measured on "
         f"{s['measure_windows']} validation windows x {s['seq_len']} tokens "
         f"({', '.join(result['data']['documents']['validation'])}).",

@@ -60,6 +60,18 @@ def test_random_sets_and_fidelity():
     assert math.isnan(E.fidelity([1, 1, 1], [1, 2, 3])["spearman"])
 
 
+def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
+    C = _bench_module("_common")
+    with pytest.raises(SystemExit, match="run the benchmark without --report first"):
+        C.report_only(tmp_path, "depth_quality", lambda r: "")
+    assert "did not finish" in C.timing_line({})
+    line = C.timing_line({"wall_time_s": 12.4, "cpu_time_s": 20.0, "new_measurements": 3})
+    assert line.startswith("Wall time: 12 s, 20 s of CPU time") and "3 new measurements" in line
+    (tmp_path / "x.json").write_text(json.dumps({"rows": [1, 2]}))
+    C.report_only(tmp_path, "x", lambda r: f"{len(r['rows'])} rows")
+    assert (tmp_path / "x.md").read_text() == "2 rows"
+
+
 @pytest.mark.model
 @pytest.mark.slow
 def test_depth_quality_quick(installed, tmp_path):
@@ -72,7 +84,12 @@ def test_depth_quality_quick(installed, tmp_path):
     labels = {r["label"] for r in data["rows"]}
     for method in ("block_influence", "angular", "sleb", "taylor", "ppl"):
         assert method in labels
-    assert {"cbo[fisher] ground", "cbo[fisher] best-of-4", "cbo[fisher sublayer] ground"} <= labels
+    assert {
+        "cbo[singles] best-of-4",
+        "cbo[fisher] ground",
+        "cbo[fisher] best-of-4",
+        "cbo[fisher sublayer] ground",
+    } <= labels
     layer_params = data["rows"][0]["n_removed_params"] / data["rows"][0]["remove"]
     for r in data["rows"]:
         assert r["remove"] in (2, 4)
@@ -92,6 +109,11 @@ def test_depth_quality_quick(installed, tmp_path):
     again = json.loads((out / "depth_quality.json").read_text())
     assert again["new_measurements"] == 0
     assert [r["removed"] for r in again["rows"]] == [r["removed"] for r in data["rows"]]
+    # --report rewrites the Markdown from the JSON alone
+    report = (out / "depth_quality.md").read_text()
+    (out / "depth_quality.md").unlink()
+    _run("depth_quality.py", "--report", "--no-plot", "--out", str(out))
+    assert (out / "depth_quality.md").read_text() == report
 
 
 @pytest.mark.model
@@ -122,6 +144,12 @@ def test_estimators_quick(installed, tmp_path):
         assert energies == sorted(energies) and len(low[0][0]) == r["remove"]
     for c in data["costs"]:
         assert c["forward"] >= 1 and c["backward"] >= 1
+    # --report rewrites the Markdown from the JSON alone, also that of an unfinished run
+    partial = {k: v for k, v in data.items() if k not in ("wall_time_s", "cpu_time_s", "new_measurements")}
+    (out / "estimators.json").write_text(json.dumps(partial))
+    _run("estimators.py", "--report", "--out", str(out))
+    assert "the run did not finish" in (out / "estimators.md").read_text()
+    assert (out / "estimators.png").exists()
 
 
 @pytest.mark.model
