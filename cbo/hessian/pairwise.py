@@ -58,7 +58,15 @@ class PairwiseEstimator(Estimator):
 
     def init_state(self) -> dict[str, np.ndarray]:
         n = len(self.run.blocks)
-        return {"base": np.zeros(()), "single": np.zeros(n), "pair": np.zeros((n, n)), "count": np.zeros(())}
+        # cursor: sets of the current batch already measured, so that a run interrupted inside a batch
+        # (one batch is 1 + N(N+1)/2 forward passes) resumes from the checkpoint where it stopped
+        return {
+            "base": np.zeros(()),
+            "single": np.zeros(n),
+            "pair": np.zeros((n, n)),
+            "count": np.zeros(()),
+            "cursor": np.zeros(()),
+        }
 
     def accumulate(
         self, state: dict[str, np.ndarray], batch_index: int, tokens: torch.Tensor, tick: Callable[[], None]
@@ -72,10 +80,15 @@ class PairwiseEstimator(Estimator):
             loss = LossFn(run.loss, tokens, log_probs(logits) if run.loss == "kl" else None)
             base = loss.per_sequence(logits)
             del logits
-            state["base"] += float(base.sum())
+            cursor = int(state["cursor"])
+            if cursor == 0:
+                state["base"] += float(base.sum())
             tick()
             try:
-                for s in self.sets():
+                for index, s in enumerate(self.sets()):
+                    if index < cursor:  # measured before the interruption this run resumes from
+                        tick()
+                        continue
                     gates.set(removed=s)
                     value = loss.per_sequence(run.forward(tokens)).sum()
                     run.check_finite(value, batch_index, f"loss with blocks {list(s)} removed")
@@ -83,9 +96,12 @@ class PairwiseEstimator(Estimator):
                         state["single"][s[0]] += float(value)
                     else:
                         state["pair"][s[0], s[1]] += float(value)
+                    state["cursor"] = np.asarray(float(index + 1))
                     tick()
+                    run.save_partial(state)
             finally:
                 gates.set()
+        state["cursor"] = np.zeros(())
         state["count"] += tokens.shape[0]
 
     def finalize(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:

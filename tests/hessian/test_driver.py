@@ -197,3 +197,41 @@ def test_progress_bar_runs(tiny_model, tiny_windows, capsys):
     windows = tiny_windows(model, n=2, seq_len=8)
     estimate_hessian(model, None, windows, estimator="pairwise", progress=True)
     assert "hessian[pairwise/kl]" in capsys.readouterr().err
+
+
+def test_pairwise_interrupted_inside_a_batch_resumes_where_it_stopped(tiny_model, tiny_windows, tmp_path, monkeypatch):
+    """One pairwise batch is 1 + N(N+1)/2 forward passes: the sets measured before an interruption are kept."""
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=10)
+    kw = dict(estimator="pairwise", loss="kl", batch_size=2, progress=False, couplings="raw")
+    whole = estimate_hessian(model, None, windows, **kw)
+    monkeypatch.setattr(hbase, "PARTIAL_SAVE_INTERVAL_S", 0.0)
+    real = hbase.model_logits
+    calls = []
+
+    def interrupted(m, tokens):
+        calls.append(1)
+        if len(calls) == 7 + 5:  # batch 0 took 7 passes; in batch 1 its base pass and 3 of 6 sets are done
+            raise Interrupt("stopped inside batch 1")
+        return real(m, tokens)
+
+    ckpt = tmp_path / "ckpt"
+    monkeypatch.setattr(hbase, "model_logits", interrupted)
+    with pytest.raises(Interrupt):
+        estimate_hessian(model, None, windows, checkpoint=ckpt, **kw)
+    monkeypatch.setattr(hbase, "model_logits", real)
+    (path,) = ckpt.glob("*.ckpt.npz")
+    with np.load(path) as z:
+        assert float(z["state__cursor"]) == 3.0
+    counted = []
+
+    def counting(m, tokens):
+        counted.append(1)
+        return real(m, tokens)
+
+    monkeypatch.setattr(hbase, "model_logits", counting)
+    resumed = estimate_hessian(model, None, windows, checkpoint=ckpt, **kw)
+    assert len(counted) == 1 + 3  # batch 1's reference logits again, then only its 3 unmeasured sets
+    assert resumed.metadata["resumed_from_batch"] == 1
+    np.testing.assert_allclose(resumed.H, whole.H, rtol=1e-12, atol=1e-12)
+    assert not list(ckpt.glob("*.ckpt.npz"))
