@@ -56,9 +56,9 @@ QUICK_OPTIONS: dict[str, dict[str, Any]] = {
 INSTANCES = Path(__file__).resolve().parent / "instances"
 
 
-def instances(quick: bool, seed: int, files: list[str]) -> list[dict[str, Any]]:
+def instances(quick: bool, seed: int, files: list[str], synthetic: bool = True) -> list[dict[str, Any]]:
     out = []
-    shapes = QUICK if quick else [SMALL_FOR_QAOA] + SYNTHETIC
+    shapes = (QUICK if quick else [SMALL_FOR_QAOA] + SYNTHETIC) if synthetic else []
     for n, m in shapes:
         out.append({"name": f"synthetic({n},{m})", "qubo": random_block_qubo(n, seed), "M": m})
     if not files and not quick:  # the default model's real instances (benchmarks/make_instances.py)
@@ -140,7 +140,9 @@ def markdown(table: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "# Solver benchmark",
         "",
         f"{meta['date']}, {meta['machine']}, {meta['cpus']} CPUs; k = {K}; time limit {meta['time_limit']} s "
-        f"per run; instances `random_block_qubo(n, seed={meta['seed']})`. Wall times exclude numba compilation.",
+        f"per run; synthetic instances `random_block_qubo(n, seed={meta['seed']})`, files as named "
+        f"(`NAME.cboq(M=...)`). Wall times exclude numba compilation; load average at start "
+        f"{meta.get('load_average')}; whole run {meta.get('wall_time_s', 0):.0f} s.",
         "",
         "| instance | reference | solver | wall (s) | gap to ref. | top-10 recall | feasible frac. | distinct | exact |",
         "|---|---|---|---:|---:|---:|---:|---:|---|",
@@ -188,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per solver run (default 30; quick 5)")
     ap.add_argument("--seed", type=int, default=0, help="instance seed (solvers use seed 0)")
     ap.add_argument("--solvers", default=None, help="comma-separated subset of solvers")
+    ap.add_argument(
+        "--no-synthetic", action="store_true", help="only the QUBO files (default: benchmarks/instances/*.cboq)"
+    )
     args = ap.parse_args(argv)
+    started = time.perf_counter()
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     time_limit = args.time_limit or (5.0 if args.quick else 30.0)
     avail = available()
     names = [n for n, a in avail.items() if n not in SKIP]
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in args.solvers.split(",") if n in avail]
     warm_up()
     table = []
-    for inst in instances(args.quick, args.seed, args.files):
+    for inst in instances(args.quick, args.seed, args.files, synthetic=not args.no_synthetic):
         q, M = inst["qubo"], inst["M"]
         rows = []
         entries = [(name, name, {}) for name in names]
@@ -226,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
-        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "load_average": [round(x, 2) for x in load] if load else None,
+        "wall_time_s": round(time.perf_counter() - started, 1),
         "time_limit": time_limit,
         "seed": args.seed,
         "quick": args.quick,

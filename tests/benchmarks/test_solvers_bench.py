@@ -36,3 +36,24 @@ def test_quick_benchmark_runs_and_writes_json_and_markdown(tmp_path):
             if row["status"] == "ok":
                 assert row["gap"] >= -1e-9  # nobody beats the exact reference
     assert wall < 120, f"the quick benchmark took {wall:.0f} s"
+
+
+def test_files_only_run_uses_just_the_given_instances(tmp_path):
+    from cbo.instances import random_block_qubo
+
+    path = tmp_path / "real.cboq"
+    random_block_qubo(12, 3).save(path)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "solvers.py"), "--quick", "--no-synthetic", f"{path}:3,5"]
+        + ["--solvers", "enumerate,swap-tabu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "solvers.json").read_text())
+    assert [(i["name"], i["M"]) for i in data["instances"]] == [("real.cboq(M=3)", 3), ("real.cboq(M=5)", 5)]
+    for inst in data["instances"]:
+        assert inst["reference"]["kind"] == "exact"
+        assert {r["solver"]: r["recall"] for r in inst["rows"]} == {"enumerate": 1.0, "swap-tabu": 1.0}
+    assert data["meta"]["wall_time_s"] > 0
