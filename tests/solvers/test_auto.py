@@ -27,15 +27,34 @@ def test_small_problem_is_enumerated_exactly_and_recorded():
 def test_huge_space_uses_the_swap_annealer():
     q = random_block_qubo(80, 0)
     res = solve(q, 32, "auto", k=5, seed=0)
-    assert res.solver == "auto→swap-sa" and not res.exact
-    assert res.info["auto_choice"] == "swap-sa"
+    assert res.solver == "auto→swap-sa+swap-tabu" and not res.exact
+    assert res.info["auto_choice"] == auto.HEURISTIC
     assert "over the" in res.info["auto_reason"]
+    # the heuristic's states are the merge of both swap solvers': at least as good as either alone
+    for name, options in auto.HEURISTIC_OPTIONS.items():
+        alone = solve(q, 32, name, k=5, seed=0, **options)
+        assert np.all(res.energies <= alone.energies + 1e-9)
+
+
+def test_heuristic_shares_a_time_limit_between_both_swap_solvers(monkeypatch):
+    real_run = auto._run
+    seen = []
+
+    def recording_run(name, problem, **options):
+        seen.append((name, problem.time_left()))
+        return real_run(name, problem, **options)
+
+    monkeypatch.setattr(auto, "_run", recording_run)
+    res = solve(random_block_qubo(80, 0), 32, "auto", k=5, seed=0, time_limit=20.0)
+    assert [name for name, _ in seen] == ["swap-sa", "swap-tabu"]
+    assert seen[0][1] <= 10.0 + 1e-6 and seen[1][1] > 0  # half of the limit for the first, the rest for the second
+    assert res.info["auto_choice"] == auto.HEURISTIC and "swap_tabu_info" in res.info
 
 
 def test_time_limit_is_the_budget():
     p = Problem(random_block_qubo(40, 0), 12, 5, 0, None)
     assert auto.plan_choice(p, budget=1e6)[0] == "enumerate"
-    assert auto.plan_choice(p, budget=1e-3)[0] in ("attempt", "swap-sa")
+    assert auto.plan_choice(p, budget=1e-3)[0] in ("attempt", auto.HEURISTIC)
 
 
 def test_gpu_preferred_when_usable_but_not_with_caps(monkeypatch):
@@ -64,8 +83,8 @@ def test_attempt_that_does_not_finish_falls_back_and_merges(monkeypatch):
     monkeypatch.setattr(auto, "CPU_RATE_PER_THREAD", 1.0)
     real_run = auto._run
 
-    def fake_run(name, problem):
-        out = real_run(name, problem)
+    def fake_run(name, problem, **options):
+        out = real_run(name, problem, **options)
         if name == "enumerate":  # an enumerator stopped by the budget: one state, inexact
             return SolverOutput(out.candidates[:1], exact=False, info={"timed_out": True})
         return out
@@ -74,7 +93,7 @@ def test_attempt_that_does_not_finish_falls_back_and_merges(monkeypatch):
     q = random_block_qubo(14, 2)
     _, E = brute_force_topk(q, 5, 5)
     res = solve(q, 5, "auto", k=5, seed=0, budget=30.0)
-    assert res.info["auto_choice"] == "swap-sa" and not res.exact
+    assert res.info["auto_choice"] == auto.HEURISTIC and not res.exact
     assert "did not finish" in res.info["auto_reason"]
     assert res.info["enumerate_info"] == {"timed_out": True}
     np.testing.assert_allclose(res.energies, E, atol=1e-9)
