@@ -52,10 +52,10 @@ class Run:
     n_batches: int
     device: torch.device
     passes: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0})
-    # estimators whose batches are long (many passes each) call ``save_partial(state)`` inside a batch, with
-    # state that records how far the batch got; the driver checkpoints it at most every PARTIAL_SAVE_INTERVAL_S
-    # seconds, and a resumed run re-enters that batch with that state
-    save_partial: Callable[[dict[str, np.ndarray]], None] = field(default=lambda state: None)
+    # estimators whose batches are long (many passes each) call ``save_partial(state, batch_index)`` inside a
+    # batch, with state that records how far the batch got; the driver checkpoints it at most every
+    # PARTIAL_SAVE_INTERVAL_S seconds, and a resumed run re-enters that batch with that state
+    save_partial: Callable[[dict[str, np.ndarray], int], None] = field(default=lambda state, batch_index: None)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of the gated model (counted as one forward pass)."""
@@ -361,8 +361,6 @@ def estimate_hessian(
             for b in range(start, n_batches):
                 batch = tokens[b * batch_size : (b + 1) * batch_size].to(device)
                 run.passes = {"forward": 0, "backward": 0}
-                if ckpt is not None:
-                    run.save_partial.batch = b
                 est.accumulate(state, b, batch, bar.update if bar is not None else _noop)
                 for name, arr in state.items():
                     run.check_finite(torch.from_numpy(np.asarray(arr, dtype=np.float64)), b, f"accumulator {name!r}")
@@ -424,15 +422,14 @@ class _PartialSaver:
 
     def __init__(self, ckpt: Checkpoint, run: Run, info: dict[str, Any]) -> None:
         self.ckpt, self.run, self.info = ckpt, run, info
-        self.batch = 0
         self.last = time.perf_counter()
 
-    def __call__(self, state: dict[str, np.ndarray]) -> None:
+    def __call__(self, state: dict[str, np.ndarray], batch_index: int) -> None:
         now = time.perf_counter()
         if now - self.last < PARTIAL_SAVE_INTERVAL_S:
             return
         passes = state["_passes"] + np.array([self.run.passes["forward"], self.run.passes["backward"]])
-        self.ckpt.save({**state, "_passes": passes}, self.batch, {**self.info, "partial_batch": self.batch})
+        self.ckpt.save({**state, "_passes": passes}, batch_index, {**self.info, "partial_batch": batch_index})
         self.last = now
 
 

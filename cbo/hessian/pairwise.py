@@ -98,7 +98,7 @@ class PairwiseEstimator(Estimator):
                         state["pair"][s[0], s[1]] += float(value)
                     state["cursor"] = np.asarray(float(index + 1))
                     tick()
-                    run.save_partial(state)
+                    run.save_partial(state, batch_index)
             finally:
                 gates.set()
         state["cursor"] = np.zeros(())

@@ -7,8 +7,9 @@ estimate fits the budget (the call's ``time_limit``, else ``budget`` seconds), t
 runs — on the GPU when one is usable and no caps/parameter budget apply — otherwise the heuristic:
 ``swap-sa`` and ``swap-tabu`` both run (sharing a time limit) and their states are merged. On the
 default model's sublayer QUBO (N = 60, M = 30) swap-sa with its default schedule missed part of the
-best-known top-10 (recall 0.3–0.8 over seeds); with a 3x longer schedule (1000 sweeps) and swap-tabu's states merged in,
-the top-10 was found on all six seeds tried, in about 2 s (``benchmarks/solvers.py`` measures it).
+best-known top-10 (recall 0.3–0.8 over seeds); with a 3x longer schedule (1000 sweeps) and swap-tabu's
+states merged in, the top-10 was found on all six seeds tried, in about 2 s (``benchmarks/solvers.py``
+measures it).
 The choice and the reason are recorded in ``info["auto_choice"]`` / ``info["auto_reason"]``, and
 the result's solver name reads e.g. ``"auto→enumerate"``.
 
@@ -141,15 +142,14 @@ class AutoSolver(Solver):
 
 
 def _heuristic(problem: Problem) -> SolverOutput:
-    """swap-sa, then swap-tabu (each with half of what is left of a time limit), their states merged."""
-    outs = []
-    for i, name in enumerate(HEURISTIC.split("+")):
-        sub = problem
-        if problem.time_limit is not None and i == 0:
-            sub = replace(problem, time_limit=problem.elapsed() + 0.5 * problem.time_left())
-        outs.append(_run(name, sub, **HEURISTIC_OPTIONS[name]))
-    info = {**outs[0].info, "swap_tabu_info": outs[1].info, "solver_name": HEURISTIC}
-    return SolverOutput(np.concatenate([o.candidates for o in outs]), exact=False, info=info)
+    """swap-sa (with half of what is left of a time limit), then swap-tabu (the rest), their states merged."""
+    first = problem
+    if problem.time_limit is not None:
+        first = replace(problem, time_limit=problem.elapsed() + 0.5 * problem.time_left())
+    sa = _run("swap-sa", first, **HEURISTIC_OPTIONS["swap-sa"])
+    tabu = _run("swap-tabu", problem, **HEURISTIC_OPTIONS["swap-tabu"])
+    info = {**sa.info, "swap_tabu_info": tabu.info, "solver_name": HEURISTIC}
+    return SolverOutput(np.concatenate([sa.candidates, tabu.candidates]), exact=False, info=info)
 
 
 def _run(name: str, problem: Problem, **options: Any) -> SolverOutput:
