@@ -7,11 +7,15 @@ reference is a plain training step over the same windows: ``model(x, labels=x).l
 weight gradients. Peak memory is the peak resident set size (CPU) or ``torch.cuda.max_memory_allocated``
 (GPU) above the loaded model.
 
-``exact`` (N Hessian-vector products per batch) is measured on 1 window (against a fwd+bwd on that window); ``pairwise`` (1 + N + N(N-1)/2 forward passes) is measured with a subset of the blocks gated and its
-full cost predicted from the pass count, which is exact up to timing noise (every pass is the same forward).
+``singles`` (the default) measures the N single-block removals per batch through shared prefixes; its passes
+column is that work in full-forward equivalents. ``exact`` (N Hessian-vector products per batch) is measured
+on 1 window (against a fwd+bwd on that window); ``pairwise`` (1 + N + N(N-1)/2 forward passes) is measured
+with a subset of the blocks gated and its full cost predicted from the pass count, which is exact up to
+timing noise (every pass is the same forward). These three are timed by their first run alone.
 
     .venv/bin/python benchmarks/hessian.py                    # default model, 8 x 128 tokens
     .venv/bin/python benchmarks/hessian.py --json bench.json --only fwd+bwd,fisher
+    .venv/bin/python benchmarks/hessian.py --quick            # 2 x 32 tokens, one repeat (the test suite's run)
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ CASES = {
     # name: (description, windows used, estimator or None, options)
     "forward": ("one forward pass, no gradients", "full", None, {}),
     "fwd+bwd": ("bare forward + backward with weight gradients (the reference)", "full", None, {}),
-    "fisher": ("fisher, KL, sampled labels (the default)", "full", "fisher", {"loss": "kl"}),
+    "singles": ("singles, KL, measured removals (the default)", "full", "singles", {"loss": "kl"}),
+    "fisher": ("fisher, KL, sampled labels", "full", "fisher", {"loss": "kl"}),
     "fisher-empirical": ("fisher, KL, true next tokens", "full", "fisher", {"loss": "kl", "labels": "empirical"}),
     "fisher-ce": ("fisher, CE, sampled labels + the CE gradient", "full", "fisher", {"loss": "ce"}),
     "fisher-4draws": ("fisher, KL, 4 label draws per batch", "full", "fisher", {"loss": "kl", "samples": 4}),
@@ -36,6 +41,8 @@ CASES = {
     "pairwise@subset": ("pairwise, KL, a subset of the blocks gated", "full", "pairwise", {"loss": "kl"}),
 }
 PAIRWISE_SUBSET = 5
+# cases of many passes, timed by their first run alone
+EXPENSIVE = ("singles", "exact@1", "pairwise@subset")
 
 
 def _rss_mb() -> float:
@@ -117,7 +124,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
     # that both see the same machine load. Expensive cases are timed by their first run.
     t, q = timed(once, data)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if cuda else _peak_rss_mb()) - base
-    expensive = name in ("exact@1", "pairwise@subset")
+    expensive = name in EXPENSIVE
     times = [t] if expensive else []
     ref_times = [timed(reference, data)[0]]
     for _ in range(1 if expensive else args.repeats):
@@ -137,6 +144,8 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
     if q is not None:
         out["forward_passes"] = q.metadata["forward_passes"]
         out["backward_passes"] = q.metadata["backward_passes"]
+        if "forward_equivalents" in q.metadata:  # measured removals share prefixes: their work in full passes
+            out["forward_equivalents"] = q.metadata["forward_equivalents"]
     if name == "pairwise@subset":
         n_sub = len(blocks)
         out["passes_measured"] = 1 + n_sub + n_sub * (n_sub - 1) // 2
@@ -148,16 +157,20 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--n", type=int, default=8, help="windows")
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--n", type=int, default=None, help="windows (default 8; quick 2)")
+    ap.add_argument("--seq-len", type=int, default=None, help="tokens per window (default 128; quick 32)")
+    ap.add_argument("--batch-size", type=int, default=None, help="windows per pass (default 8; quick 2)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats of cheap cases (default 2; quick 1)")
+    ap.add_argument("--quick", action="store_true", help="tiny settings (the test suite's run, about a minute)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--json", default="", help="write the results here")
     ap.add_argument("--case", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for key, full, quick in (("n", 8, 2), ("seq_len", 128, 32), ("batch_size", 8, 2), ("repeats", 2, 1)):
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
     if args.case:
         print("RESULT " + json.dumps(run_case(args.case, args)))
         return
@@ -166,7 +179,7 @@ def main() -> None:
     results = {}
     for name in names:
         cmd = [sys.executable, __file__, "--case", name] + [
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("case", "only", "json")
+            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("case", "only", "json", "quick")
         ]
         print(f"running {name} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -195,6 +208,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
             r["predicted_full_ratio"] = full / ref
             predicted = f"{full / ref:.0f} ({full / 60:.1f} min)"
         passes = f"{r['forward_passes']}/{r['backward_passes']}" if "forward_passes" in r else ""
+        if "forward_equivalents" in r:
+            passes = f"≈{r['forward_equivalents']:.1f}/{r['backward_passes']}"
         table.add_row(
             name,
             CASES[name][0],

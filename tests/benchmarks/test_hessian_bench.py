@@ -1,0 +1,61 @@
+"""benchmarks/hessian.py --quick on the default model: every case runs in its own process and its pass counts
+are those of its estimator's definition (so the cost table measures what it names)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_hessian_bench_quick(installed, tmp_path):
+    out = tmp_path / "hessian.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hessian.py"), "--quick", "--threads", "1", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "÷ fwd+bwd" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["settings"]["n"] == 2 and data["settings"]["seq_len"] == 32
+    r = data["results"]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import hessian as bench
+    finally:
+        sys.path.pop(0)
+    assert set(r) == set(bench.CASES)
+    n = r["fisher"]["n_blocks"]
+    for name, case in r.items():
+        assert case["time_s"] > 0 and case["reference_s"] > 0, name
+        assert case["ratio"] == pytest.approx(case["time_s"] / case["reference_s"])
+        assert case["tokens"] == (32 if name == "exact@1" else 64), name
+    # one forward and one backward per label draw; CE adds the gradient of its own loss
+    assert (r["fisher"]["forward_passes"], r["fisher"]["backward_passes"]) == (1, 1)
+    assert r["fisher-4draws"]["backward_passes"] == 4
+    assert r["fisher-ce"]["backward_passes"] == 2
+    # exact: the gate gradient, then one Hessian-vector product per block
+    assert r["exact@1"]["backward_passes"] == n + 1
+    # singles: no backward; N removals sharing prefixes cost between one and N + 1 full forwards
+    assert r["singles"]["backward_passes"] == 0
+    assert 1 < r["singles"]["forward_equivalents"] <= n + 1
+    # pairwise: 1 + k + k(k - 1)/2 passes on the gated subset, the full count predicted from N
+    p = r["pairwise@subset"]
+    k = len(p["gated_blocks"])
+    assert k == bench.PAIRWISE_SUBSET and p["forward_passes"] == p["passes_measured"] == 1 + k + k * (k - 1) // 2
+    assert p["passes_full"] == 1 + n + n * (n - 1) // 2
+    assert p["predicted_full_ratio"] == pytest.approx(
+        p["time_s"] * p["passes_full"] / p["passes_measured"] / p["reference_s"]
+    )
+    # a forward without gradients is cheaper than the forward + backward it is compared with
+    assert r["forward"]["ratio"] < 1
