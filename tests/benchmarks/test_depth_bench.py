@@ -220,3 +220,29 @@ def test_make_instances_from_fidelity_result(tmp_path):
     ]
     q = BlockQUBO.load(tmp_path / "m_layer_perm-kl-w8_M3.cboq")
     assert np.allclose(q.H, B) and q.metadata["instance"]["fitted_for_remove"] == 3
+
+
+@pytest.mark.model
+def test_make_instances_estimates_layer_and_sublayer_files(installed, tmp_path):
+    """The default run's path at tiny settings: one loadable file per spec, named for it, with its source data."""
+    from cbo.qubo import BlockQUBO
+
+    out = tmp_path / "instances"
+    proc = _run(
+        "make_instances.py",
+        *("--calibration", "2", "--seq-len", "32", "--specs", "fisher", "--sublayer-specs", "fisher"),
+        *("--threads", "1", "--no-progress", "--out", str(out), "--hessian-cache", str(tmp_path / "h")),
+    )
+    assert sorted(p.name for p in out.iterdir()) == [
+        "smollm2-135m_layer_fisher-kl.cboq",
+        "smollm2-135m_sublayer_fisher-kl.cboq",
+    ], proc.stdout
+    layer = BlockQUBO.load(out / "smollm2-135m_layer_fisher-kl.cboq")
+    sub = BlockQUBO.load(out / "smollm2-135m_sublayer_fisher-kl.cboq")
+    assert layer.n == 30 and set(layer.kinds) == {"layer"}
+    assert sub.n == 60 and sorted(set(sub.kinds)) == ["attention", "mlp"]
+    for q in (layer, sub):
+        assert np.allclose(q.H, q.H.T) and np.all(np.diag(q.H) > 0)
+        info = q.metadata["instance"]
+        assert info["source"] == "benchmarks/make_instances.py" and info["seq_len"] == 32
+        assert q.metadata["n_sequences"] == 2 and q.metadata["estimator"] == "fisher"
