@@ -230,7 +230,7 @@ class Measurer:
     """
 
     def __init__(self, model: Any, splits: Any, cache_file: Path, *, batch_size: int = 8) -> None:
-        from cbo.hessian.base import model_fingerprint
+        from cbo.hessian.fingerprint import model_fingerprint
 
         self.model = model
         self.splits = splits

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     Ms = [int(m) for m in C.split_list(args.remove)]
 
     from cbo.hessian import names as estimator_names
-    from cbo.hessian.base import model_fingerprint
+    from cbo.hessian.fingerprint import model_fingerprint
     from cbo.solvers import solve
 
     layer_specs_text = C.split_list(args.estimators)

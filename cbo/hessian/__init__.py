@@ -21,11 +21,11 @@ from cbo.hessian.base import (
     describe,
     estimate_hessian,
     get,
-    model_fingerprint,
     names,
     register,
     tokens_hash,
 )
+from cbo.hessian.fingerprint import model_fingerprint
 from cbo.hessian.gates import Gates, gate_blocks, set_gates
 from cbo.hessian.losses import LOSSES
 

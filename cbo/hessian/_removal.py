@@ -329,8 +329,8 @@ class MeasureCache:
     """
 
     def __init__(self, directory: str | Path, model: torch.nn.Module, blocks: Sequence[Any]) -> None:
-        from cbo.hessian.base import model_fingerprint
         from cbo.hessian.checkpoint import ensure_writable_dir
+        from cbo.hessian.fingerprint import model_fingerprint
 
         self.dir = ensure_writable_dir(directory, "measurement cache")
         self.prefix = hashlib.sha256(

@@ -24,6 +24,7 @@ import torch
 
 from cbo.errors import CBOError, CorruptFileError, DataError
 from cbo.hessian.checkpoint import Checkpoint, ensure_writable_dir
+from cbo.hessian.fingerprint import model_fingerprint
 from cbo.hessian.gates import Gates, resolve_blocks
 from cbo.hessian.losses import LOSSES, check_loss, model_logits
 from cbo.qubo import BlockQUBO
@@ -193,48 +194,6 @@ def tokens_hash(tokens: torch.Tensor) -> str:
     from cbo.data import data_hash
 
     return data_hash(tokens.to(torch.int64))
-
-
-def model_fingerprint(model: torch.nn.Module) -> str:
-    """A cheap hash of a model's configuration and weights (shapes, a strided sample, and sums)."""
-    h = hashlib.sha256()
-    cfg = getattr(model, "config", None)
-    if cfg is not None:
-        h.update(type(model).__name__.encode())
-        try:
-            h.update(cfg.to_json_string(use_diff=False).encode())
-        except (TypeError, ValueError):
-            h.update(repr(cfg).encode())
-    offloaded = _offloaded_weights(model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.device.type == "meta" and name in offloaded:
-                p = offloaded[name]
-            flat = p.detach().reshape(-1)
-            step = max(1, flat.numel() // 1024)
-            h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
-            h.update(flat[::step].to(torch.float32).cpu().numpy().tobytes())
-            h.update(np.float64(flat.to(torch.float32).sum().item()).tobytes())
-    return h.hexdigest()[:16]
-
-
-def _offloaded_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Weights that accelerate offloaded (to CPU or disk; the parameter itself is on "meta"), by name."""
-    out: dict[str, torch.Tensor] = {}
-    for mod_name, module in model.named_modules():
-        hook = getattr(module, "_hf_hook", None)
-        for h in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):
-            wmap = getattr(h, "weights_map", None)
-            if wmap is None:
-                continue
-            prefix = f"{mod_name}." if mod_name else ""
-            for pname, p in module.named_parameters():
-                if p.device.type == "meta" and prefix + pname not in out:
-                    try:
-                        out[prefix + pname] = wmap[pname]
-                    except KeyError:
-                        continue
-    return out
 
 
 def model_name(model: torch.nn.Module) -> str:
