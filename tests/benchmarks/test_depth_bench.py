@@ -5,40 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc
-
-
-def _bench_module(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import importlib
-
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
+from bench_scripts import bench_module, run_script
 
 
 def test_estimator_specs_parse_run_keys_and_options():
-    C = _bench_module("_common")
+    C = bench_module("_common")
     spec = C.EstimatorSpec.parse("pairwise:windows=8:couplings=raw:coupling_scale=0.5:loss=ce")
     assert (spec.name, spec.windows, spec.loss) == ("pairwise", 8, "ce")
     assert spec.options == {"couplings": "raw", "coupling_scale": 0.5}
@@ -50,7 +24,7 @@ def test_estimator_specs_parse_run_keys_and_options():
 
 
 def test_random_sets_and_fidelity():
-    E = _bench_module("estimators")
+    E = bench_module("estimators")
     sets = E.random_sets(10, 3, 50, seed=0)
     assert len(sets) == len(set(sets)) == 50 and all(len(s) == 3 and list(s) == sorted(s) for s in sets)
     assert sets == E.random_sets(10, 3, 50, seed=0) != E.random_sets(10, 3, 50, seed=1)
@@ -61,7 +35,7 @@ def test_random_sets_and_fidelity():
 
 
 def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
-    C = _bench_module("_common")
+    C = bench_module("_common")
     with pytest.raises(SystemExit, match="run the benchmark without --report first"):
         C.report_only(tmp_path, "depth_quality", lambda r: "")
     assert "did not finish" in C.timing_line({})
@@ -77,7 +51,7 @@ def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
 def test_depth_quality_quick(installed, tmp_path):
     out = tmp_path / "dq"
     common = ["--quick", "--threads", "1", "--no-progress", "--out", str(out), "--hessian-cache", str(tmp_path / "h")]
-    _run("depth_quality.py", *common)
+    run_script("depth_quality.py", *common)
     data = json.loads((out / "depth_quality.json").read_text())
     assert (out / "depth_quality.md").read_text().startswith("# Depth quality")
     assert (out / "depth_quality.png").stat().st_size > 1000
@@ -105,14 +79,14 @@ def test_depth_quality_quick(installed, tmp_path):
         kls = [float(s["validation"]["kl"]) for s in v["states"]]
         assert v["chosen"] == v["states"][kls.index(min(kls))]["rank"]
     # a rerun measures nothing new: rankings, Hessians and measurements come from the caches
-    _run("depth_quality.py", *common)
+    run_script("depth_quality.py", *common)
     again = json.loads((out / "depth_quality.json").read_text())
     assert again["new_measurements"] == 0
     assert [r["removed"] for r in again["rows"]] == [r["removed"] for r in data["rows"]]
     # --report rewrites the Markdown from the JSON alone
     report = (out / "depth_quality.md").read_text()
     (out / "depth_quality.md").unlink()
-    _run("depth_quality.py", "--report", "--no-plot", "--out", str(out))
+    run_script("depth_quality.py", "--report", "--no-plot", "--out", str(out))
     assert (out / "depth_quality.md").read_text() == report
 
 
@@ -120,7 +94,7 @@ def test_depth_quality_quick(installed, tmp_path):
 @pytest.mark.slow
 def test_estimators_quick(installed, tmp_path):
     out = tmp_path / "est"
-    _run(
+    run_script(
         "estimators.py",
         "--quick",
         "--threads",
@@ -147,7 +121,7 @@ def test_estimators_quick(installed, tmp_path):
     # --report rewrites the Markdown from the JSON alone, also that of an unfinished run
     partial = {k: v for k, v in data.items() if k not in ("wall_time_s", "cpu_time_s", "new_measurements")}
     (out / "estimators.json").write_text(json.dumps(partial))
-    _run("estimators.py", "--report", "--out", str(out))
+    run_script("estimators.py", "--report", "--out", str(out))
     assert "the run did not finish" in (out / "estimators.md").read_text()
     assert (out / "estimators.png").exists()
 
@@ -156,7 +130,7 @@ def test_estimators_quick(installed, tmp_path):
 @pytest.mark.slow
 def test_speed_quick(installed, tmp_path):
     out = tmp_path / "speed"
-    _run("speed.py", "--quick", "--threads", "1", "--out", str(out))
+    run_script("speed.py", "--quick", "--threads", "1", "--out", str(out))
     data = json.loads((out / "speed.json").read_text())
     v = data["variants"]
     assert set(v) == {"original", "depth", "width", "combined"}
@@ -174,7 +148,7 @@ def test_speed_quick(installed, tmp_path):
 @pytest.mark.slow
 def test_fidelity_quick(installed, tmp_path):
     out = tmp_path / "fid"
-    _run("fidelity.py", "--quick", "--threads", "1", "--no-progress", "--out", str(out))
+    run_script("fidelity.py", "--quick", "--threads", "1", "--no-progress", "--out", str(out))
     data = json.loads((out / "results-quick.json").read_text())
     rows = data["table"]["4"]
     assert {"block_influence", "angular", "sleb", "taylor", "ppl"} <= set(rows)
@@ -190,7 +164,7 @@ def test_fidelity_quick(installed, tmp_path):
         assert len(r["set"]) == 4 and math.isfinite(r["test_kl"]) and r["test_kl"] > 0
     # the table measures exactly the sets the baselines chose
     assert data["baselines"]["ppl"]["sets"]["4"] == rows["ppl"]["set"]
-    _run("fidelity.py", "--quick", "--stage", "report", "--out", str(out))
+    run_script("fidelity.py", "--quick", "--stage", "report", "--out", str(out))
     assert "| method | removed | val KL | test KL | test PPL |" in (out / "results-quick.md").read_text()
 
 
@@ -198,7 +172,7 @@ def test_make_instances_from_fidelity_result(tmp_path):
     """Variants shared by every M give one instance file; variants fitted per M give one per M, each loadable."""
     from cbo.qubo import BlockQUBO
 
-    MI = _bench_module("make_instances")
+    MI = bench_module("make_instances")
     rng = np.random.default_rng(0)
 
     def entry(H):
@@ -228,7 +202,7 @@ def test_make_instances_estimates_layer_and_sublayer_files(installed, tmp_path):
     from cbo.qubo import BlockQUBO
 
     out = tmp_path / "instances"
-    proc = _run(
+    proc = run_script(
         "make_instances.py",
         *("--calibration", "2", "--seq-len", "32", "--specs", "fisher", "--sublayer-specs", "fisher"),
         *("--threads", "1", "--no-progress", "--out", str(out), "--hessian-cache", str(tmp_path / "h")),

@@ -4,36 +4,21 @@ are those of its estimator's definition (so the cost table measures what it name
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench_scripts import bench_module, run_script
 
 
 @pytest.mark.model
 @pytest.mark.slow
 def test_hessian_bench_quick(installed, tmp_path):
     out = tmp_path / "hessian.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "hessian.py"), "--quick", "--threads", "1", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = run_script("hessian.py", "--quick", "--threads", "1", "--json", str(out))
     assert "÷ fwd+bwd" in proc.stdout
     data = json.loads(out.read_text())
     assert data["settings"]["n"] == 2 and data["settings"]["seq_len"] == 32
     r = data["results"]
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import hessian as bench
-    finally:
-        sys.path.pop(0)
+    bench = bench_module("hessian")
     assert set(r) == set(bench.CASES)
     n = r["fisher"]["n_blocks"]
     for name, case in r.items():

@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_scripts import run_script
 
 
 def test_quick_benchmark_runs_and_writes_json_and_markdown(tmp_path):
     t = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "solvers.py"), "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run_script("solvers.py", "--quick", "--out", str(tmp_path), timeout=300)
     wall = time.perf_counter() - t
-    assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "solvers.json").read_text())
     md = (tmp_path / "solvers.md").read_text()
     assert "| instance | reference | solver |" in md
@@ -43,14 +34,11 @@ def test_files_only_run_uses_just_the_given_instances(tmp_path):
 
     path = tmp_path / "real.cboq"
     random_block_qubo(12, 3).save(path)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "solvers.py"), "--quick", "--no-synthetic", f"{path}:3,5"]
-        + ["--solvers", "enumerate,swap-tabu", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
+    run_script(
+        "solvers.py",
+        *("--quick", "--no-synthetic", f"{path}:3,5", "--solvers", "enumerate,swap-tabu", "--out", str(tmp_path)),
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "solvers.json").read_text())
     assert [(i["name"], i["M"]) for i in data["instances"]] == [("real.cboq(M=3)", 3), ("real.cboq(M=5)", 5)]
     for inst in data["instances"]:

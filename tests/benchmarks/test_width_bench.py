@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench_scripts import run_script
 
 
 @pytest.mark.model
@@ -26,14 +22,7 @@ def test_width_bench_quick(tmp_path):
     except (ModelError, DataError) as exc:
         pytest.skip(f"default model or text not installed ({exc})")
     out = tmp_path / "width.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "width.py"), "--quick", "--threads", "1", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = run_script("width.py", "--quick", "--threads", "1", "--json", str(out), timeout=900)
     rows = json.loads(out.read_text())["rows"]
     methods = [r["method"] for r in rows]
     assert methods[0] == "original" and rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)
