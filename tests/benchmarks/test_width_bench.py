@@ -10,17 +10,7 @@ from bench_scripts import run_script
 
 
 @pytest.mark.model
-def test_width_bench_quick(tmp_path):
-    from cbo.errors import DataError, ModelError
-    from cbo.models import resolve_model
-
-    try:
-        resolve_model("smollm2-135m")
-        from cbo.assets import default_text_path
-
-        default_text_path()
-    except (ModelError, DataError) as exc:
-        pytest.skip(f"default model or text not installed ({exc})")
+def test_width_bench_quick(installed, tmp_path):
     out = tmp_path / "width.json"
     proc = run_script("width.py", "--quick", "--threads", "1", "--json", str(out), timeout=900)
     rows = json.loads(out.read_text())["rows"]
