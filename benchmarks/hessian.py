@@ -207,9 +207,11 @@ def report(results: dict, args: argparse.Namespace) -> None:
             r["predicted_full_s"] = full
             r["predicted_full_ratio"] = full / ref
             predicted = f"{full / ref:.0f} ({full / 60:.1f} min)"
-        passes = f"{r['forward_passes']}/{r['backward_passes']}" if "forward_passes" in r else ""
-        if "forward_equivalents" in r:
+        passes = ""
+        if "forward_equivalents" in r:  # prefix-shared removals: their work in full forward passes
             passes = f"≈{r['forward_equivalents']:.1f}/{r['backward_passes']}"
+        elif "forward_passes" in r:
+            passes = f"{r['forward_passes']}/{r['backward_passes']}"
         table.add_row(
             name,
             CASES[name][0],
