@@ -14,7 +14,7 @@ import torch
 from cbo import prune_depth
 from cbo.blocks import find_blocks
 from cbo.data import make_splits
-from cbo.hessian._removal import MeasureCache, measure_sets
+from cbo.hessian.measure import MeasureCache, measure_sets
 from cbo.models import load_model
 
 torch.set_num_threads(1)

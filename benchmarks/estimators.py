@@ -118,7 +118,7 @@ def random_sets(n: int, M: int, count: int, seed: int) -> list[tuple[int, ...]]:
 
 
 def fidelity(energies: list[float], kls: list[float]) -> dict[str, float]:
-    from cbo._stats import kendall, spearman
+    from cbo.stats import kendall, spearman
 
     e, k = np.asarray(energies, float), np.asarray(kls, float)
     ok = np.isfinite(e) & np.isfinite(k)

@@ -9,7 +9,7 @@ are measured on the same test windows. Fidelity: Spearman and Kendall correlatio
 over ``--random`` random sets of size M plus every variant's top-K states. The test split is only ever measured,
 never used to choose.
 
-Losses of removal sets are measured with ``cbo.hessian._removal`` (streams shared through a prefix tree, values
+Losses of removal sets are measured with ``cbo.hessian.measure`` (streams shared through a prefix tree, values
 equal to those of the surgically pruned model) and kept in a cache on disk, so every set is measured once per
 split whatever asks for it, and an interrupted run resumes. SLEB and PPL are computed from the same measurements
 (calibration cross-entropy of the pruned model, as ``cbo.baselines`` defines them; ``--check`` compares with
@@ -70,7 +70,7 @@ class Meter:
         self.seconds = 0.0
 
     def __call__(self, sets: list) -> list[dict[str, float]]:
-        from cbo.hessian._removal import measure_sets
+        from cbo.hessian.measure import measure_sets
 
         keys = [tuple(sorted(int(i) for i in s)) for s in sets]
         todo = [k for k in dict.fromkeys(keys) if k not in self.values]
@@ -195,7 +195,7 @@ def variant_qubo(
 
 
 def spearman_kendall(x: list[float], y: list[float]) -> dict[str, float]:
-    from cbo._stats import kendall, spearman
+    from cbo.stats import kendall, spearman
 
     if len(x) < 3:
         return {"spearman": math.nan, "kendall": math.nan, "n": len(x)}
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from cbo.blocks import find_blocks
     from cbo.data import make_splits
-    from cbo.hessian._removal import MeasureCache
+    from cbo.hessian.measure import MeasureCache
     from cbo.models import load_model
     from cbo.solvers import solve
 

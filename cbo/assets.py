@@ -140,11 +140,11 @@ def _convert_default_model(target: Path, models_dir: Path, progress: bool) -> No
         if gguf is None:
             raise ModelError(f"{MODEL_PACKAGE} is installed but contains no .gguf file; reinstall it")
     _say(progress, f"model: converting {gguf.name} to a Hugging Face folder (dequantizing to float32, ~20 s)")
-    from cbo._extras import require
+    from cbo.extras import require
 
-    torch = require("torch", "torch", "converting the default model")
-    transformers = require("transformers", "torch", "converting the default model")
-    require("gguf", "torch", "reading the GGUF file of the default model")
+    torch = require("torch", "converting the default model")
+    transformers = require("transformers", "converting the default model")
+    require("gguf", "reading the GGUF file of the default model")
     kwargs = {}
     if hasattr(transformers, "GgufConfig"):  # newer transformers keep GGUF blocks packed unless told otherwise
         kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)

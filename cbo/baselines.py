@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from cbo._extras import require
 from cbo.errors import CBOError, DataError, InfeasibleError, ModelError
+from cbo.extras import require
 
-torch = require("torch", "torch", "depth baselines")
+torch = require("torch", "depth baselines")
 F = torch.nn.functional
 
 GRANULARITIES = ("layer", "sublayer")

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cbo._extras import require
 from cbo.errors import ModelError
+from cbo.extras import require
 
-torch = require("torch", "torch", "model blocks")
+torch = require("torch", "model blocks")
 nn = torch.nn
 
 GRANULARITIES = ("layer", "sublayer")

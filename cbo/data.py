@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbo._extras import require
 from cbo.errors import DataError
+from cbo.extras import require
 
-torch = require("torch", "torch", "token windows")
+torch = require("torch", "token windows")
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")
 SPLITS = ("calibration", "validation", "test")

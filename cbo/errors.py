@@ -23,11 +23,23 @@ class SolverError(CBOError, RuntimeError):
     """A solver was asked for something it cannot do, or failed."""
 
 
-class UnknownSolverError(SolverError, KeyError):
-    """No solver is registered under that name."""
+class UnknownNameError(CBOError, KeyError):
+    """No implementation (solver, estimator, width score, baseline, ...) is registered under that name."""
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+class InvalidOptionError(CBOError, ValueError):
+    """A registered implementation has no such option, or the option's value is not valid."""
+
+
+class UnknownSolverError(UnknownNameError, SolverError):
+    """No solver is registered under that name."""
+
+
+class SolverOptionError(InvalidOptionError, SolverError):
+    """A solver has no such option, or the option's value is not valid."""
 
 
 class SolverUnavailableError(SolverError):

@@ -19,11 +19,11 @@ import statistics
 import time
 from typing import Any
 
-from cbo._extras import require
 from cbo.data import check_windows
 from cbo.errors import DataError
+from cbo.extras import require
 
-torch = require("torch", "torch", "evaluation")
+torch = require("torch", "evaluation")
 F = torch.nn.functional
 
 

@@ -126,10 +126,10 @@ def load_model(
     Example:
         >>> model, tok = load_model("smollm2-135m", dtype=torch.bfloat16)   # doctest: +SKIP
     """
-    from cbo._extras import require
+    from cbo.extras import require
 
-    torch = require("torch", "torch", "loading models")
-    transformers = require("transformers", "torch", "loading models")
+    torch = require("torch", "loading models")
+    transformers = require("transformers", "loading models")
     source = resolve_model(name_or_path)
     dtype = torch.float32 if dtype is None else dtype
     try:

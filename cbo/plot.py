@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from cbo._extras import require
 from cbo.errors import CBOError
+from cbo.extras import require
 
 if TYPE_CHECKING:
     from cbo.qubo import BlockQUBO
@@ -29,7 +29,7 @@ def _figure(ax: Any, size: tuple[float, float]) -> tuple[Any, Any]:
 
 
 def _pyplot() -> Any:
-    mpl = require("matplotlib", "plot", "plotting")
+    mpl = require("matplotlib", "plotting")
     if mpl.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
         import os
 
@@ -122,7 +122,7 @@ def plot_energy_vs_measured(
     ax.set_xlabel("energy")
     ax.set_ylabel(label)
     if e.size > 2:
-        from cbo._stats import spearman
+        from cbo.stats import spearman
 
         ax.set_title(f"Energy vs {label} (Spearman {spearman(e, y):.2f})")
     ax.legend(loc="best")

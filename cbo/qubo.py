@@ -356,9 +356,9 @@ class BlockQUBO:
 
     def to_quadratic_program(self, remove: int, name: str = "cbo") -> Any:
         """A ``qiskit_optimization.QuadraticProgram`` with Σx = M and every constraint native."""
-        from cbo._extras import require
+        from cbo.extras import require
 
-        qo = require("qiskit_optimization", "qaoa", "QuadraticProgram export")
+        qo = require("qiskit_optimization", "QuadraticProgram export")
         self.check_remove(remove)
         qp = qo.QuadraticProgram(name)
         vars_ = [f"x{i}" for i in range(self.n)]

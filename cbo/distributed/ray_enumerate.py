@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from cbo._extras import require
 from cbo.errors import SolverError
+from cbo.extras import require
 from cbo.solvers.base import Problem, SolverOutput
 
 
@@ -107,7 +107,7 @@ def init_ray(
     Example:
         >>> ray = init_ray(num_cpus=2)        # doctest: +SKIP
     """
-    ray = require("ray", "ray", "distributed solving")
+    ray = require("ray", "distributed solving")
     if ray.is_initialized():
         return ray
     address = address or os.environ.get("RAY_ADDRESS") or None

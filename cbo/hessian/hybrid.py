@@ -15,7 +15,7 @@ cancellations a linear model extrapolates to sets that wreck the model), ``"raw"
 (the one-at-a-time ranking: remove the M blocks whose single removal hurts least), and ``s = coupling_scale``.
 
 Cost per batch: 1 forward + 1 backward (skipped with ``couplings="none"``) and N single-block removals, measured
-through a prefix tree (``_removal.py``): the removal of block i reruns only the layers after i, about N/2 forward
+through a prefix tree (``measure.py``): the removal of block i reruns only the layers after i, about N/2 forward
 passes in all plus N runs of the head. ``measure_cache`` keeps measured losses on disk for reuse by other runs.
 
 The subclasses ``fit`` and ``trust`` start from this QUBO and refine it with more measurements.
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from cbo.errors import CBOError
-from cbo.hessian._removal import MeasureCache, RemovalLosses
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.losses import log_probs, nll_of_labels
+from cbo.hessian.measure import MeasureCache, RemovalLosses
 
 COUPLINGS = ("positive", "raw", "none")
 

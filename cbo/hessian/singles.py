@@ -1,7 +1,7 @@
 """``singles``: the measured loss of removing each block alone, and no couplings — the default estimator.
 
 ``E(x) = Σ_i D_i x_i`` with ``D_i`` the calibration loss increase (KL to the original, or cross-entropy) of the
-model with block i deleted, measured exactly (no Taylor expansion) through the prefix tree of ``_removal.py``:
+model with block i deleted, measured exactly (no Taylor expansion) through the prefix tree of ``measure.py``:
 about N/2 forward passes per batch plus N runs of the head, no backward pass. Its ground state is the
 one-at-a-time ranking; its value in the pipeline is the spectrum above it — the excited states are the sets
 that trade one cheap block for a slightly dearer one, and validating the top 10 on held-out text picks among

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cbo._extras import has_module, require
 from cbo.errors import SolverError
+from cbo.extras import has_module, require
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 from cbo.solvers.swap import FreeConstraints
 
@@ -72,7 +72,7 @@ class CPSat(Solver):
         return True, "ok"
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
-        cp = require("ortools.sat.python.cp_model", "cpsat", "the CP-SAT solver")
+        cp = require("ortools.sat.python.cp_model", "the CP-SAT solver")
         if options.formulation not in ("rlt", "minimal"):
             raise SolverError(f"formulation must be 'rlt' or 'minimal', got {options.formulation!r}.")
         workers = options.workers if options.workers is not None else min(8, os.cpu_count() or 1)

@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cbo._extras import has_module, require
 from cbo.errors import SolverError
+from cbo.extras import has_module, require
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 
 
@@ -212,7 +212,7 @@ class SimulatedAnnealing(_PenaltySolver):
         return True, "ok"
 
     def sample(self, bqm: Any, problem: Problem, options: Options, round_: int) -> Any:
-        samplers = require("dwave.samplers", "core", "simulated annealing")
+        samplers = require("dwave.samplers", "simulated annealing")
         kwargs: dict[str, Any] = {
             "num_reads": _positive(options.num_reads, "num_reads"),
             "num_sweeps": _positive(options.num_sweeps, "num_sweeps"),
@@ -270,7 +270,7 @@ class Tabu(_PenaltySolver):
         return True, "ok"
 
     def sample(self, bqm: Any, problem: Problem, options: Options, round_: int) -> Any:
-        samplers = require("dwave.samplers", "core", "tabu search")
+        samplers = require("dwave.samplers", "tabu search")
         timeout = _positive(options.timeout_ms, "timeout_ms")
         left = problem.time_left()
         if np.isfinite(left):

@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cbo._extras import has_module, require
 from cbo.errors import SolverError, SolverUnavailableError
+from cbo.extras import has_module, require
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 
 MAX_QUBITS = 20
@@ -42,7 +42,7 @@ def dicke_circuit(n: int, r: int) -> Any:
     SCS_{m,min(r,m−1)} for m = n … 2; SCS_{m,l} turns |0…01^j⟩ (j ≤ l ones at the end of the first
     m positions) into √(j/m)|…01^j⟩ + √((m−j)/m)|…1^j0⟩.
     """
-    qiskit = require("qiskit", "qaoa", "the Dicke-state circuit")
+    qiskit = require("qiskit", "the Dicke-state circuit")
     from qiskit.circuit.library import RYGate
 
     qc = qiskit.QuantumCircuit(n, name=f"dicke_{n}_{r}")
@@ -72,7 +72,7 @@ def dicke_circuit(n: int, r: int) -> Any:
 
 def xy_mixer(n: int, graph: str) -> Any:
     """The XY mixer ``Σ_{(i,j)∈graph} (X_iX_j + Y_iY_j)/2`` as a SparsePauliOp (ring or complete)."""
-    qi = require("qiskit.quantum_info", "qaoa", "the XY mixer")
+    qi = require("qiskit.quantum_info", "the XY mixer")
     if graph == "ring":
         edges = [(i, (i + 1) % n) for i in range(n)] if n > 2 else ([(0, 1)] if n == 2 else [])
     elif graph == "complete":
@@ -162,7 +162,7 @@ class QAOASolver(Solver):
         return True, "ok" if has_module("qiskit_aer") else "ok (qiskit-aer missing: reference sampler, slower)"
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
-        require("qiskit_optimization", "qaoa", "QAOA")
+        require("qiskit_optimization", "QAOA")
         from qiskit_optimization import QuadraticProgram
         from qiskit_optimization.converters import QuadraticProgramToQubo
         from qiskit_optimization.minimum_eigensolvers import QAOA

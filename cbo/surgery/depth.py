@@ -16,11 +16,11 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from cbo._extras import require
 from cbo.blocks import Block, decoder_layers, layer_parts
 from cbo.errors import ModelError
+from cbo.extras import require
 
-torch = require("torch", "torch", "model surgery")
+torch = require("torch", "model surgery")
 nn = torch.nn
 
 # config lists that hold layer *indices* (remapped) rather than one entry per layer (sliced)
@@ -275,7 +275,7 @@ def load_pruned_depth(path: Any, **kwargs: Any) -> Any:
     Plain ``from_pretrained`` is enough for layer removal; models with zeroed sublayers need this call (it
     silences the expected missing-weight warning for the removed halves).
     """
-    transformers = require("transformers", "torch", "loading a pruned model")
+    transformers = require("transformers", "loading a pruned model")
     config = transformers.AutoConfig.from_pretrained(path)
     zeroed = getattr(config, ZEROED_KEY, None) or getattr(
         config.get_text_config() if hasattr(config, "get_text_config") else config, ZEROED_KEY, None

@@ -28,8 +28,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cbo._extras import require
 from cbo.errors import CorruptFileError, ModelError
+from cbo.extras import require
 
 WIDTHS_KEY = "cbo_layer_widths"
 FORMAT_KEY = "cbo_pruned_format"
@@ -120,7 +120,7 @@ def pruned_model_class(base: type) -> type:
 
 
 def _causal_lm_class(config: Any) -> type:
-    transformers = require("transformers", "torch", "loading a pruned model")
+    transformers = require("transformers", "loading a pruned model")
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
@@ -147,7 +147,7 @@ def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kw
     Returns:
         The folder.
     """
-    from cbo.width.structures import layer_widths
+    from cbo.structures import layer_widths
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     Example:
         >>> model = load_pruned("out/pruned")     # doctest: +SKIP
     """
-    transformers = require("transformers", "torch", "loading a pruned model")
+    transformers = require("transformers", "loading a pruned model")
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CorruptFileError(f"{str(path)!r} is not a saved model folder (no config.json)")

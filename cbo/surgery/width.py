@@ -1,7 +1,7 @@
 """Slice attention heads and MLP neurons out of a model; every layer may keep a different width.
 
 A :class:`WidthPlan` says, per decoder layer, which query heads, key/value heads and MLP neurons stay.
-:func:`prune_width` slices the weights (through the slots of :mod:`cbo.width.structures`) and updates the
+:func:`prune_width` slices the weights (through the slots of :mod:`cbo.structures`) and updates the
 attributes the forward pass reads. Llama-family attention in transformers reshapes with ``-1`` heads and
 reads only ``head_dim`` and ``num_key_value_groups``, so per-layer head counts work once
 ``num_key_value_groups`` matches; GPT-2 splits ``c_attn`` by ``split_size`` (set to the kept width);
@@ -18,11 +18,11 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from cbo._extras import require
 from cbo.errors import ModelError
-from cbo.width.structures import AttentionStructure, MLPStructure, Slot, _is_conv1d, model_structures
+from cbo.extras import require
+from cbo.structures import AttentionStructure, MLPStructure, Slot, is_conv1d, model_structures
 
-torch = require("torch", "torch", "width surgery")
+torch = require("torch", "width surgery")
 nn = torch.nn
 
 
@@ -66,7 +66,7 @@ class WidthPlan:
 
 def _refresh(module: Any) -> None:
     w = module.weight
-    if _is_conv1d(module):
+    if is_conv1d(module):
         module.nx, module.nf = int(w.shape[0]), int(w.shape[1])
     elif isinstance(module, nn.Linear):
         module.out_features, module.in_features = int(w.shape[0]), int(w.shape[1])
@@ -146,7 +146,7 @@ def prune_width(model: Any, plan: WidthPlan, *, inplace: bool = False) -> Any:
     """Slice the heads and neurons a plan removes; returns the pruned model.
 
     Args:
-        model: a Hugging Face causal LM (see :mod:`cbo.width.structures` for the layouts).
+        model: a Hugging Face causal LM (see :mod:`cbo.structures` for the layouts).
         plan: kept units per layer, indices of ``model`` as it is now.
         inplace: modify ``model`` itself instead of a deep copy.
 

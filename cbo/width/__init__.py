@@ -1,6 +1,6 @@
 """Width pruning: score heads and neurons, allocate a budget globally, slice, schedule with depth.
 
-* :mod:`cbo.width.structures` — which weights form a neuron, a head or a KV group, per architecture;
+* :mod:`cbo.structures` — which weights form a neuron, a head or a KV group, per architecture;
 * :mod:`cbo.width.scores` — magnitude, Taylor, AFR-structured, NTK (NIRVANA), AMP, behind one registry;
 * :mod:`cbo.width.allocate` — global ranking with the MLP-vs-attention ratio γ, minimums, rounding;
 * :mod:`cbo.width.calibration` — choose the calibration batch by the KL of the model it prunes;
@@ -27,8 +27,8 @@ _LAZY = {
     "default_gamma": "cbo.width.allocate",
     "prune_width": "cbo.surgery.width",
     "WidthPlan": "cbo.surgery.width",
-    "model_structures": "cbo.width.structures",
-    "layer_widths": "cbo.width.structures",
+    "model_structures": "cbo.structures",
+    "layer_widths": "cbo.structures",
     "select_calibration": "cbo.width.calibration",
     "width_prune": "cbo.width.compress",
     "mixture_of_pruners": "cbo.width.mop",

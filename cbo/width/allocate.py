@@ -31,14 +31,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cbo._extras import require
 from cbo.errors import InfeasibleError
 from cbo.evaluate import count_parameters
+from cbo.extras import require
+from cbo.structures import KINDS, ModelStructures
 from cbo.surgery.width import WidthPlan
 from cbo.width.scores.base import Key, UnitScores
-from cbo.width.structures import KINDS, ModelStructures
 
-torch = require("torch", "torch", "width allocation")
+torch = require("torch", "width allocation")
 
 ALLOCATIONS = ("global", "uniform")
 

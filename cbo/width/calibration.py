@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cbo._extras import require
 from cbo.errors import DataError
+from cbo.extras import require
 
-torch = require("torch", "torch", "calibration selection")
+torch = require("torch", "calibration selection")
 
 
 def candidate_batches(pool: Any, n_candidates: int, size: int, *, seed: int = 0) -> list[Any]:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbo._extras import require
 from cbo.errors import CBOError, DataError, InfeasibleError
+from cbo.extras import require
 
-torch = require("torch", "torch", "compression")
+torch = require("torch", "compression")
 
 # the one-shot width score used when none is given: the best measured on the default model (BENCHMARKS.md)
 DEFAULT_ONESHOT_SCORE = "taylor"
@@ -261,8 +261,8 @@ def compress(
         >>> r = compress("smollm2-135m", ratio=0.2, scheduler="mop", criterion="kl", depth="cbo")  # doctest: +SKIP
     """
     from cbo.evaluate import count_parameters, evaluate, reference_logits, throughput
+    from cbo.structures import layer_widths
     from cbo.surgery.depth import REMOVED_KEY, remove_blocks, text_config
-    from cbo.width.structures import layer_widths
 
     if scheduler not in SCHEDULERS:
         raise CBOError(f"unknown scheduler {scheduler!r}; use one of {SCHEDULERS}")

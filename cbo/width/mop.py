@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from cbo._extras import has_module, require
 from cbo.errors import CBOError, DataError, InfeasibleError
+from cbo.extras import has_module, require
 
-torch = require("torch", "torch", "the MoP scheduler")
+torch = require("torch", "the MoP scheduler")
 
 CRITERIA = ("cosine", "kl", "ppl", "random")
 DEPTH_RULES = ("cbo", "antepenultimate", "none")
@@ -104,7 +104,7 @@ def lm_loss_of(model: Any, windows: Any, batch_size: int = 4) -> float:
 
 
 def _lora_targets(model: Any) -> list[str]:
-    from cbo.width.structures import model_structures
+    from cbo.structures import model_structures
 
     names = set()
     for s in model_structures(model).all():
@@ -141,7 +141,7 @@ def recover(
     used = method if (method != "lora" or has_module("peft")) else "full"
     target = model
     if used == "lora":
-        peft = require("peft", "peft", "LoRA recovery")
+        peft = require("peft", "LoRA recovery")
         config = peft.LoraConfig(
             r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=_lora_targets(model)
         )

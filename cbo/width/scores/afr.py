@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cbo._extras import require
 from cbo.errors import CBOError
+from cbo.extras import require
+from cbo.structures import gather_units
 from cbo.width.scores.base import GradientScore, Key, lm_loss, register
-from cbo.width.structures import gather_units
 
-torch = require("torch", "torch", "AFR scores")
+torch = require("torch", "AFR scores")
 
 
 def power_transform(s, p: float):

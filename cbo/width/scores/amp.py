@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo._extras import require
 from cbo.errors import CBOError
+from cbo.extras import require
+from cbo.structures import in_axis
 from cbo.width.scores.base import Key, WidthScore, register
-from cbo.width.structures import in_axis
 
-torch = require("torch", "torch", "AMP scores")
+torch = require("torch", "AMP scores")
 
 
 def _reader_slot(structure):

@@ -18,11 +18,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cbo._extras import require
 from cbo.errors import CBOError, DataError, ModelError
-from cbo.width.structures import KINDS, ModelStructures, Units, model_structures, units_of
+from cbo.extras import require
+from cbo.structures import KINDS, ModelStructures, Units, model_structures, units_of
 
-torch = require("torch", "torch", "width scores")
+torch = require("torch", "width scores")
 
 _REGISTRY: dict[str, type[WidthScore]] = {}
 _ALIASES: dict[str, str] = {}

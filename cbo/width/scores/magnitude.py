@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cbo.errors import CBOError
+from cbo.structures import gather_units
 from cbo.width.scores.base import Key, WidthScore, register
-from cbo.width.structures import gather_units
 
 
 @register

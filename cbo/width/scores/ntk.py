@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cbo.errors import CBOError
+from cbo.structures import gather_units
 from cbo.width.scores.base import GradientScore, Key, lm_loss, register
-from cbo.width.structures import gather_units
 
 OUTPUTS = ("seqmax", "vocabmax", "loss")
 

@@ -1,4 +1,4 @@
-"""Measured losses of a model with sets of blocks removed: the engine of the measured estimators.
+"""The one measurer: losses of a model with sets of blocks removed (estimators, baselines, validation, search).
 
 ``RemovalLosses(model, blocks, tokens)`` runs the original model once on a batch of windows and keeps the
 teacher log-probabilities, the residual stream entering every decoder layer, and the keyword arguments each
@@ -337,13 +337,13 @@ class MeasureCache:
             json.dumps([model_fingerprint(model), [b.name for b in blocks]]).encode()
         ).hexdigest()[:16]
 
-    def batch(self, tokens: torch.Tensor) -> _BatchCache:
+    def batch(self, tokens: torch.Tensor) -> BatchCache:
         from cbo.hessian.base import tokens_hash
 
-        return _BatchCache(self.dir / f"removal-{self.prefix}-{tokens_hash(tokens.cpu())[:16]}.npz")
+        return BatchCache(self.dir / f"removal-{self.prefix}-{tokens_hash(tokens.cpu())[:16]}.npz")
 
 
-class _BatchCache:
+class BatchCache:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.data: dict[tuple[int, ...], dict[str, torch.Tensor]] = self._read()

@@ -31,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cbo._extras import require
 from cbo.errors import ModelError
+from cbo.extras import require
 
-torch = require("torch", "torch", "width pruning")
+torch = require("torch", "width pruning")
 nn = torch.nn
 
 KINDS = ("attention", "mlp")
@@ -52,23 +52,23 @@ MLP_LAYOUTS = {
 }
 
 
-def _is_conv1d(module: Any) -> bool:
+def is_conv1d(module: Any) -> bool:
     # transformers' Conv1D (GPT-2) stores its weight as (in, out); duck-typed to avoid importing it
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "nx")
 
 
 def _is_linear(module: Any) -> bool:
-    return isinstance(module, nn.Linear) or _is_conv1d(module)
+    return isinstance(module, nn.Linear) or is_conv1d(module)
 
 
 def out_axis(module: Any) -> int:
     """The weight axis that indexes a projection's outputs (0 for nn.Linear, 1 for Conv1D)."""
-    return 1 if _is_conv1d(module) else 0
+    return 1 if is_conv1d(module) else 0
 
 
 def in_axis(module: Any) -> int:
     """The weight axis that indexes a projection's inputs."""
-    return 0 if _is_conv1d(module) else 1
+    return 0 if is_conv1d(module) else 1
 
 
 @dataclass(frozen=True)
@@ -319,7 +319,7 @@ def attention_structure(layer: int, attn: Any, model: Any = None, prefix: str = 
             + _param_slots(f"{prefix}.o_proj", o, dim_w=1, offsets=(0,), width=d, role="q")
         )
         return AttentionStructure(layer, attn, "separate", n, nkv, d, slots)
-    if _is_conv1d(get("c_attn")) and _is_conv1d(get("c_proj")) and get("q_attn") is None:
+    if is_conv1d(get("c_attn")) and is_conv1d(get("c_proj")) and get("q_attn") is None:
         d = _head_dim(attn, model)
         c_attn, c_proj = get("c_attn"), get("c_proj")
         width3 = c_attn.weight.shape[1]
@@ -359,7 +359,7 @@ def mlp_structure(layer: int, mlp: Any, prefix: str = "mlp") -> MLPStructure:
             + _param_slots(f"{prefix}.down_proj", dn, dim_w=1, offsets=(0,), width=1, role="mlp")
         )
         return MLPStructure(layer, mlp, "gated", g.out_features, slots)
-    if _is_conv1d(get("c_fc")) and _is_conv1d(get("c_proj")):
+    if is_conv1d(get("c_fc")) and is_conv1d(get("c_proj")):
         fc, proj = get("c_fc"), get("c_proj")
         if fc.weight.shape[1] != proj.weight.shape[0]:
             raise _unsupported_mlp(layer, mlp)

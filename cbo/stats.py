@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cbo._extras import require
+from cbo.extras import require
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman rank correlation of two equal-length sequences."""
-    stats = require("scipy.stats", "data", "rank correlations")
+    stats = require("scipy.stats", "rank correlations")
     return float(stats.spearmanr(a, b).statistic)
 
 
 def kendall(a: Sequence[float], b: Sequence[float]) -> float:
     """Kendall tau-b of two equal-length sequences."""
-    stats = require("scipy.stats", "data", "rank correlations")
+    stats = require("scipy.stats", "rank correlations")
     return float(stats.kendalltau(a, b).statistic)

@@ -13,7 +13,7 @@ from tiny_models import EXTRA_ARCHS, TINY_ARCHS
 
 from cbo.blocks import find_blocks
 from cbo.hessian import Gates
-from cbo.hessian._removal import MeasureCache, RemovalLosses, measure_sets
+from cbo.hessian.measure import MeasureCache, RemovalLosses, measure_sets
 from cbo.surgery.depth import remove_blocks, remove_sublayers
 
 
