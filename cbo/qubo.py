@@ -21,6 +21,8 @@ from cbo.errors import CorruptFileError, InfeasibleError, InvalidQUBOError
 FILE_FORMAT = "cbo.blockqubo"
 FILE_VERSION = 1
 _SYMMETRY_RTOL = 1e-9
+_MAX_ENERGY = 1e300  # energies are sums of up to N² entries; beyond this float64 arithmetic overflows
+ARRAY_KEYS = ("H", "g", "sizes")
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class BlockQUBO:
                     f"H is not symmetric: H[{i},{j}]={H[i, j]!r} but H[{j},{i}]={H[j, i]!r}. "
                     "Pass symmetrize=True to use (H + Hᵀ)/2, which gives the same energies."
                 )
-        H = 0.5 * (H + H.T)
+        H = 0.5 * H + 0.5 * H.T  # halves first: the sum of two large finite entries must not overflow
         if g is None:
             g = np.zeros(n)
         g = np.asarray(g, dtype=np.float64)
@@ -106,6 +108,7 @@ class BlockQUBO:
             raise InvalidQUBOError(f"g contains NaN or inf at index {int(np.flatnonzero(~np.isfinite(g))[0])}.")
         if not np.isfinite(offset):
             raise InvalidQUBOError(f"offset must be finite, got {offset!r}.")
+        _check_magnitude(H, g)
         self.H: np.ndarray = H
         self.g: np.ndarray = g
         self.offset = float(offset)
@@ -399,9 +402,9 @@ class BlockQUBO:
     def save(self, path: str | Path) -> Path:
         """Write one self-describing file: arrays + JSON metadata + SHA-256 checksum."""
         path = Path(path)
-        arrays = {"H": self.H, "g": self.g, "sizes": self.sizes}
+        arrays = dict(zip(ARRAY_KEYS, (self.H, self.g, self.sizes)))
         meta = self.to_dict()
-        meta["sha256"] = _checksum(arrays, meta)
+        meta["sha256"] = file_checksum(arrays, meta)
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, sort_keys=True))
@@ -416,45 +419,52 @@ class BlockQUBO:
 
     @classmethod
     def load(cls, path: str | Path) -> BlockQUBO:
-        """Read a file written by :meth:`save`; truncated, edited or foreign files are refused."""
+        """Read a file written by :meth:`save`; truncated, edited, damaged or foreign files are refused.
+
+        Raises:
+            CorruptFileError: for every way a file can be unreadable or inconsistent (never a zlib, JSON,
+                type or key error).
+        """
         path = Path(path)
         if not path.exists():
             raise CorruptFileError(f"no QUBO file at {str(path)!r}.")
-        try:
-            with zipfile.ZipFile(path) as zf:
-                meta = json.loads(zf.read("meta.json"))
-                arrays = {k: np.load(io.BytesIO(zf.read(f"{k}.npy")), allow_pickle=False) for k in ("H", "g", "sizes")}
-        except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as exc:
+        label = repr(str(path))
+        meta, arrays = _read_archive(path, label)
+        fmt, version = meta.get("format"), meta.get("version", 0)
+        if fmt != FILE_FORMAT:
+            raise CorruptFileError(f"{label} has format {fmt!r}, expected {FILE_FORMAT!r}.")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise CorruptFileError(f"{label} has version {version!r}; a version must be a whole number.")
+        if version > FILE_VERSION:
             raise CorruptFileError(
-                f"{str(path)!r} is not a readable CBO QUBO file (truncated or not written by BlockQUBO.save): {exc}"
-            ) from exc
-        if meta.get("format") != FILE_FORMAT:
-            raise CorruptFileError(f"{str(path)!r} has format {meta.get('format')!r}, expected {FILE_FORMAT!r}.")
-        if meta.get("version", 0) > FILE_VERSION:
-            raise CorruptFileError(
-                f"{str(path)!r} has version {meta.get('version')}, newer than this CBO reads ({FILE_VERSION}); upgrade cbo."
+                f"{label} has version {version}, newer than this CBO reads ({FILE_VERSION}); upgrade cbo."
             )
         stored = meta.pop("sha256", None)
-        if stored != _checksum(arrays, meta):
+        if stored != file_checksum(arrays, meta):
             raise CorruptFileError(
-                f"{str(path)!r} failed its checksum: the file was edited or damaged after it was saved. "
+                f"{label} failed its checksum: the file was edited or damaged after it was saved. "
                 "Recompute or re-save the QUBO."
             )
-        c = meta["constraints"]
-        return cls(
-            arrays["H"],
-            arrays["g"],
-            names=meta["names"],
-            kinds=meta["kinds"],
-            sizes=arrays["sizes"],
-            keep=c["keep"],
-            force=c["force"],
-            caps=c["caps"],
-            max_removed_params=c["max_removed_params"],
-            min_removed_params=c["min_removed_params"],
-            offset=meta["offset"],
-            metadata=meta["metadata"],
-        )
+        try:
+            c = meta["constraints"]
+            return cls(
+                arrays["H"],
+                arrays["g"],
+                names=meta["names"],
+                kinds=meta["kinds"],
+                sizes=arrays["sizes"],
+                keep=c["keep"],
+                force=c["force"],
+                caps=c["caps"],
+                max_removed_params=c["max_removed_params"],
+                min_removed_params=c["min_removed_params"],
+                offset=meta["offset"],
+                metadata=meta["metadata"],
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            # InvalidQUBOError / InfeasibleError are ValueErrors: a file that passes its checksum but does not
+            # describe a valid QUBO was written by something other than BlockQUBO.save
+            raise CorruptFileError(f"{label} does not describe a valid QUBO ({type(exc).__name__}: {exc}).") from exc
 
     # ----------------------------------------------------------------- internals
     def _make_constraints(
@@ -465,8 +475,8 @@ class BlockQUBO:
         max_removed_params: int | None,
         min_removed_params: int | None,
     ) -> Constraints:
-        keep_i = tuple(sorted({self.index(b) for b in (keep or ())}))
-        force_i = tuple(sorted({self.index(b) for b in (force or ())}))
+        keep_i = tuple(sorted({self.index(b) for b in _block_list(keep, "keep")}))
+        force_i = tuple(sorted({self.index(b) for b in _block_list(force, "force")}))
         both = set(keep_i) & set(force_i)
         if both:
             raise InfeasibleError(
@@ -497,6 +507,62 @@ class BlockQUBO:
             None if max_removed_params is None else int(max_removed_params),
             None if min_removed_params is None else int(min_removed_params),
         )
+
+
+def _read_archive(path: Path, label: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The metadata and arrays of a ``.cboq`` archive; any damage raises CorruptFileError."""
+    import zlib
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            meta = json.loads(zf.read("meta.json").decode("utf-8"))
+            arrays = {k: np.load(io.BytesIO(zf.read(f"{k}.npy")), allow_pickle=False) for k in ARRAY_KEYS}
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        zlib.error,
+        NotImplementedError,  # a damaged header names an unknown compression method
+        KeyError,
+        ValueError,  # JSON, UTF-8 and .npy header errors
+        TypeError,
+        OSError,
+        EOFError,
+        RuntimeError,
+        OverflowError,
+        MemoryError,  # a damaged .npy header can claim an absurd shape
+    ) as exc:
+        raise CorruptFileError(
+            f"{label} is not a readable CBO QUBO file (truncated, damaged or not written by BlockQUBO.save): {exc}"
+        ) from exc
+    if not isinstance(meta, dict):
+        raise CorruptFileError(f"{label} has metadata of type {type(meta).__name__}; expected a JSON object.")
+    return meta, arrays
+
+
+def _check_magnitude(H: np.ndarray, g: np.ndarray) -> None:
+    """Refuse entries so large that an energy (a sum of up to N² terms) overflows float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = 0.5 * float(np.abs(H).sum()) + float(np.abs(g).sum())
+    if not np.isfinite(bound) or bound > _MAX_ENERGY:
+        raise InvalidQUBOError(
+            f"the QUBO's entries are too large (the sum of their magnitudes is {bound:.3g}, above {_MAX_ENERGY:.0e}): "
+            "energies would overflow float64. Rescale H and g (the minimizers do not change)."
+        )
+
+
+def _block_list(blocks: Any, label: str) -> list[Any]:
+    """A keep/force argument as a list: one index or name counts as a list of one; anything else is refused."""
+    if blocks is None:
+        return []
+    if isinstance(blocks, (str, int, np.integer)) and not isinstance(blocks, bool):
+        return [blocks]
+    try:
+        items = list(blocks)
+    except TypeError:
+        raise InvalidQUBOError(
+            f"{label} must be a block index, a block name or a list of them, got {type(blocks).__name__} {blocks!r}."
+        ) from None
+    return items
 
 
 def _as_float_matrix(M: Any, label: str) -> np.ndarray:
@@ -553,7 +619,7 @@ def _sizes(sizes: Sequence[int] | None, n: int) -> np.ndarray:
     return s
 
 
-def _checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
+def file_checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
     h = hashlib.sha256()
     for key in sorted(arrays):
         a = np.ascontiguousarray(arrays[key])
