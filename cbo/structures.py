@@ -128,6 +128,13 @@ class Structure:
     module: Any
     layout: str
 
+    def output_projection(self) -> Slot:
+        """The weight slot of the output projection (``o_proj``, ``down_proj``, ...): units along its input axis."""
+        for slot in self.slots:
+            if not slot.is_bias and slot.dim == in_axis(slot.module):
+                return slot
+        raise ModelError(f"layer {self.layer} {self.kind}: no output projection among {[s.name for s in self.slots]}")
+
     def slot_params(self, role: str | None = None) -> int:
         """Parameters of one unit of ``role`` (all roles: None) over the slots, biases included."""
         return sum(len(s.offsets) * s.width * s.inner for s in self.slots if role is None or s.role == role)

@@ -28,8 +28,9 @@ from typing import Any
 
 from cbo.errors import CorruptFileError, DataError, InfeasibleError, InvalidOptionError
 from cbo.extras import require
+from cbo.width.mop import check_mop_options, mixture_of_pruners
 from cbo.width.proposers import depth_proposer
-from cbo.width.prune import DEFAULT_SCORE, width_prune
+from cbo.width.prune import DEFAULT_SCORE, check_width_options, width_prune
 
 torch = require("torch", "compression")
 
@@ -257,6 +258,9 @@ def compress(
     if not 0.0 <= depth_share <= 1.0:
         raise InfeasibleError(f"depth_share must be in [0, 1], got {depth_share}")
     width = width or ("amp" if scheduler == "mop" else DEFAULT_SCORE)
+    check_width_options(width, score_options, gqa, allocation)
+    if scheduler == "mop":
+        check_mop_options(criterion, recovery)
     proposer = depth_proposer(
         depth,
         estimator=estimator,
@@ -317,8 +321,6 @@ def compress(
     calib_info = None
     t0 = time.perf_counter()
     if scheduler == "mop":
-        from cbo.width.mop import mixture_of_pruners
-
         result = mixture_of_pruners(
             model,
             calib,

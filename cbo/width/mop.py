@@ -36,8 +36,8 @@ from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters, kl_to_reference, perplexity, reference_logits
 from cbo.extras import require
 from cbo.surgery.depth import ORIGINAL_KEY, remove_blocks, text_config
-from cbo.width.prune import width_prune
-from cbo.width.recovery import recover
+from cbo.width.prune import check_width_options, width_prune
+from cbo.width.recovery import RECOVERY, recover
 
 torch = require("torch", "the MoP scheduler")
 
@@ -165,6 +165,14 @@ class PathCriterion:
 # ------------------------------------------------------------------------------------------ the scheduler
 
 
+def check_mop_options(criterion: str, recovery: str = "lora") -> None:
+    """Raise :class:`InvalidOptionError` for an unknown path criterion or recovery method."""
+    if criterion not in CRITERIA:
+        raise InvalidOptionError(f"unknown MoP criterion {criterion!r}; use one of {list(CRITERIA)}")
+    if recovery not in RECOVERY:
+        raise InvalidOptionError(f"unknown recovery method {recovery!r}; use one of {list(RECOVERY)}")
+
+
 def original_index(model: Any, layer: int) -> int:
     """The index in the original model of ``model``'s layer ``layer`` (after earlier depth steps)."""
     original = getattr(text_config(model), ORIGINAL_KEY, None)
@@ -221,8 +229,8 @@ def mixture_of_pruners(
         >>> r = mixture_of_pruners(model, calib, control, ratio=0.4, criterion="cosine",
         ...                        depth_proposer=depth_proposer("cbo"))                  # doctest: +SKIP
     """
-    if criterion not in CRITERIA:
-        raise InvalidOptionError(f"unknown MoP criterion {criterion!r}; use one of {list(CRITERIA)}")
+    check_mop_options(criterion, recovery)
+    check_width_options(width_score, score_options, gqa, allocation)
     if depth_proposer is not None and not callable(depth_proposer):
         raise InvalidOptionError(
             f"depth_proposer must be a callable (model, calibration) -> layer or None, or None; got {depth_proposer!r}"

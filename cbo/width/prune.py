@@ -9,12 +9,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from cbo.errors import InvalidOptionError
+from cbo.structures import GQA_MODES
 from cbo.surgery.width import prune_width
-from cbo.width.allocate import Allocation, allocate
-from cbo.width.scores.base import score_units
+from cbo.width.allocate import ALLOCATIONS, Allocation, allocate
+from cbo.width.scores.base import SCORES, score_units
 
 # the one-shot width score used when none is given: the best measured on the default model (BENCHMARKS.md)
 DEFAULT_SCORE = "taylor"
+
+
+def check_width_options(
+    score: str, score_options: dict[str, Any] | None = None, gqa: str = "group", allocation: str | None = None
+) -> None:
+    """Check the options of a width step before any long work: the score, its options, the units, the allocation.
+
+    Raises:
+        UnknownNameError: no width score is registered under ``score``.
+        InvalidOptionError: a score option, ``gqa`` or ``allocation`` is not valid.
+    """
+    SCORES.make_options(score, score_options)
+    if gqa not in GQA_MODES:
+        raise InvalidOptionError(f"unknown grouped-query mode {gqa!r}; use one of {list(GQA_MODES)}")
+    if allocation is not None and allocation not in ALLOCATIONS:
+        raise InvalidOptionError(f"unknown allocation {allocation!r}; use one of {list(ALLOCATIONS)}")
 
 
 def width_prune(

@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 from tiny_models import CharTokenizer, build_tiny_model
 
-from cbo.errors import CBOError, CorruptFileError, DataError, InfeasibleError
+from cbo.errors import CBOError, CorruptFileError, DataError, InfeasibleError, InvalidOptionError, UnknownNameError
 from cbo.evaluate import count_parameters
 from cbo.surgery.io import load_pruned
 from cbo.width.compress import CompressionReport, compress
@@ -70,6 +70,27 @@ def test_compress_reports_and_saves(model, kw, tmp_path):
     printed = console.file.getvalue()
     assert "compression report (test split)" in printed and f"{r.params_after:,}" in printed
     assert ("MoP path: " + r.path_string() in printed) == bool(r.path)
+
+
+def test_bad_options_fail_before_any_forward_pass(model):
+    calls = []
+    handle = model.model.layers[0].register_forward_pre_hook(lambda m, a: calls.append(1))
+    bad = [
+        (UnknownNameError, "unknown width score 'wanda'", dict(width="wanda")),
+        (InvalidOptionError, "has no option", dict(width="ntk", score_options={"p": 0.5})),
+        (InvalidOptionError, "NTK output", dict(width="ntk", score_options={"output": "mean"})),
+        (InvalidOptionError, "unknown allocation", dict(allocation="random")),
+        (InvalidOptionError, "grouped-query mode", dict(gqa="heads")),
+        (InvalidOptionError, "unknown MoP criterion", dict(scheduler="mop", criterion="bleu")),
+        (InvalidOptionError, "unknown recovery method", dict(scheduler="mop", recovery="qlora")),
+    ]
+    try:
+        for error, message, kw in bad:
+            with pytest.raises(error, match=message):
+                compress(model, CharTokenizer(), TEXT, **SMALL, **kw)
+    finally:
+        handle.remove()
+    assert calls == []
 
 
 def test_a_report_file_must_be_a_compression_report(tmp_path):

@@ -15,18 +15,9 @@ from dataclasses import dataclass
 
 from cbo.errors import ModelError
 from cbo.extras import require
-from cbo.structures import in_axis
 from cbo.width.scores.base import Key, WidthScore, check_choice, register
 
 torch = require("torch", "AMP scores")
-
-
-def _reader_slot(structure):
-    """The slot of the output projection (the one whose units lie along its input axis)."""
-    for slot in structure.slots:
-        if not slot.is_bias and slot.dim == in_axis(slot.module):
-            return slot
-    raise ModelError(f"layer {structure.layer} {structure.kind}: no output projection found for AMP")
 
 
 @register
@@ -64,7 +55,7 @@ class AMPScore(WidthScore):
 
     def attach(self) -> None:
         for key in self.units:
-            module = _reader_slot(self.structure(key)).module
+            module = self.structure(key).output_projection().module
 
             def hook(mod, args, key=key):
                 m = self._per_token(key, args[0])
