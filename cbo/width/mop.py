@@ -357,16 +357,6 @@ def mixture_of_pruners(
         raise InfeasibleError(f"MoP could not remove anything from the model at ratio {ratio}")
     if final_recovery_steps > 0:
         current = fine_tune(current, final_recovery_steps, 10**6)
-    recovered = recovery if recovery_steps or final_recovery_steps else None
-    return MoPResult(
-        model=current,
-        path=path,
-        params_before=p0,
-        params_after=count_parameters(current),
-        target_params=target,
-        criterion=criterion,
-        depth=proposer_name(depth_proposer),
-        width_score=width_score,
-        seed=seed,
-        info={"recovery": recovered, "recovery_steps": recovery_steps},
-    )
+    info = {"recovery": recovery if recovery_steps or final_recovery_steps else None, "recovery_steps": recovery_steps}
+    settings = (criterion, proposer_name(depth_proposer), width_score, seed)
+    return MoPResult(current, path, p0, count_parameters(current), target, *settings, info=info)

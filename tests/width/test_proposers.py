@@ -62,8 +62,9 @@ def test_cbo_proposer_restores_torch_threads(setup, monkeypatch):
     real = cbo.solvers.solve
 
     def solve_that_changes_threads(*args, **kwargs):
+        states = real(*args, **kwargs)
         torch.set_num_threads(torch.get_num_threads() + 1)
-        return real(*args, **kwargs)
+        return states
 
     monkeypatch.setattr(cbo.solvers, "solve", solve_that_changes_threads)
     threads = torch.get_num_threads()
