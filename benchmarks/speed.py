@@ -117,7 +117,7 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
     from cbo.models import resolve_model
     from cbo.surgery.depth import remove_blocks
     from cbo.surgery.io import save_pruned
-    from cbo.width.compress import width_prune
+    from cbo.width import width_prune
 
     wanted = C.split_list(args.variants)
     model, tok, splits = C.load(args, n_calibration=4, n_validation=0, n_test=0)

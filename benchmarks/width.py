@@ -38,8 +38,8 @@ from cbo.models import load_model
 from cbo.surgery.depth import remove_blocks
 from cbo.surgery.width import prune_width
 from cbo.width.allocate import allocate
-from cbo.width.compress import depth_layers
 from cbo.width.mop import mixture_of_pruners
+from cbo.width.proposers import CBOProposer, depth_proposer
 from cbo.width.scores import score_units, score_variants
 
 METHODS = ("magnitude", "taylor", "afr", "ntk", "amp", "cbo-depth", "mop")
@@ -228,7 +228,7 @@ def main(argv=None) -> list[dict]:
             t0 = time.perf_counter()
             per_layer = find_blocks(model, "layer")[0].n_params
             n_layers = int(round(0.5 * ratio * p0 / per_layer))
-            layers = depth_layers(model, n_layers, "cbo", calib, solver="enumerate", progress=False)
+            layers = CBOProposer(solver="enumerate").layers(model, calib, n_layers)
             pruned = remove_blocks(model, layers)
             ntk = score_units(pruned, calib, "ntk")
             alloc = allocate(
@@ -248,7 +248,13 @@ def main(argv=None) -> list[dict]:
         for depth in mop_runs:
             t0 = time.perf_counter()
             result = mixture_of_pruners(
-                model, calib, control, ratio=ratio, criterion="kl", depth=depth, width_score="amp"
+                model,
+                calib,
+                control,
+                ratio=ratio,
+                criterion="kl",
+                depth_proposer=depth_proposer(depth),
+                width_score="amp",
             )
             label = "mop (amp, kl)" if depth == "antepenultimate" else "mop (amp, kl, cbo depth)"
             extra = {"path": result.path_string()}

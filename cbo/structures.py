@@ -53,12 +53,9 @@ MLP_LAYOUTS = {
 
 
 def is_conv1d(module: Any) -> bool:
-    # transformers' Conv1D (GPT-2) stores its weight as (in, out); duck-typed to avoid importing it
+    """True for transformers' Conv1D (GPT-2), which stores its weight as ``(in, out)``."""
+    # duck-typed to avoid importing transformers here
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "nx")
-
-
-def _is_linear(module: Any) -> bool:
-    return isinstance(module, nn.Linear) or is_conv1d(module)
 
 
 def out_axis(module: Any) -> int:
@@ -124,12 +121,29 @@ class Slot:
 
 
 @dataclass
-class AttentionStructure:
-    """One attention module: its layout, head counts and slots."""
+class Structure:
+    """What every structure has: its decoder layer, its module and the layout of its weights."""
 
     layer: int
     module: Any
     layout: str
+
+    def output_projection(self) -> Slot:
+        """The weight slot of the output projection (``o_proj``, ``down_proj``, ...): units along its input axis."""
+        for slot in self.slots:
+            if not slot.is_bias and slot.dim == in_axis(slot.module):
+                return slot
+        raise ModelError(f"layer {self.layer} {self.kind}: no output projection among {[s.name for s in self.slots]}")
+
+    def slot_params(self, role: str | None = None) -> int:
+        """Parameters of one unit of ``role`` (all roles: None) over the slots, biases included."""
+        return sum(len(s.offsets) * s.width * s.inner for s in self.slots if role is None or s.role == role)
+
+
+@dataclass
+class AttentionStructure(Structure):
+    """One attention module: its head counts and slots."""
+
     n_heads: int
     n_kv_heads: int
     head_dim: int
@@ -147,7 +161,7 @@ class AttentionStructure:
 
     def params_per(self, role: str) -> int:
         """Parameters of one query head (role "q") or one key/value head (role "kv"), biases included."""
-        return sum(len(s.offsets) * s.width * s.inner for s in self.slots if s.role == role)
+        return self.slot_params(role)
 
     @property
     def n_params(self) -> int:
@@ -155,19 +169,16 @@ class AttentionStructure:
 
 
 @dataclass
-class MLPStructure:
-    """One MLP module: its layout, width and slots."""
+class MLPStructure(Structure):
+    """One MLP module: its width and slots."""
 
-    layer: int
-    module: Any
-    layout: str
     n_units: int
     slots: list[Slot] = field(default_factory=list)
     kind: str = "mlp"
 
     @property
     def unit_params(self) -> int:
-        return sum(len(s.offsets) * s.width * s.inner for s in self.slots)
+        return self.slot_params()
 
     @property
     def n_params(self) -> int:

@@ -250,7 +250,6 @@ def _prune_width(
     quiet: bool,
 ) -> None:
     """``cbo prune --width NAME --ratio R``: one-shot width pruning with the before/after report of ``compress``."""
-    from cbo.cli.width_cmds import _report_table
     from cbo.width.compress import compress
 
     try:
@@ -274,8 +273,8 @@ def _prune_width(
     except CBOError as exc:
         _fail(exc)
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=1, default=str))
+        typer.echo(json.dumps(report.to_json(), indent=1, default=str))
         return
-    console.print(_report_table(report))
+    console.print(report.table())
     if out is not None:
         console.print(f"saved to {out} (load with cbo.load_pruned)")

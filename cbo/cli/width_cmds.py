@@ -36,29 +36,16 @@ def _parse_options(pairs: list[str]) -> dict:
     return out
 
 
-def _report_table(report) -> Table:
-    table = Table(title="compression report (test split)")
-    table.add_column("")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
-    table.add_row("parameters", f"{report.params_before:,}", f"{report.params_after:,} (-{report.ratio:.1%})")
-    table.add_row("perplexity", f"{report.before['ppl']:.3f}", f"{report.after['ppl']:.3f}")
-    table.add_row("KL to original (nats/token)", "0", f"{report.after['kl']:.4f}")
-    table.add_row("next-token agreement", "1", f"{report.after['agreement']:.3f}")
-    if report.speed_before and report.speed_after:
-        for kind in ("prefill", "decode"):
-            b = report.speed_before[f"{kind}_tokens_per_s"]
-            a = report.speed_after[f"{kind}_tokens_per_s"]
-            table.add_row(f"{kind} tokens/s", f"{b:.1f}", f"{a:.1f} (x{a / b:.2f})")
-    return table
-
-
 @app.command()
 def compress(
+    ctx: typer.Context,
     model: str = typer.Argument("smollm2-135m", help="Model name or folder (default: the installed SmolLM2-135M)."),
     ratio: float = typer.Option(0.3, "--ratio", "-r", help="Fraction of the parameters to remove, in (0, 1)."),
     width: Optional[str] = typer.Option(
-        None, "--width", "-w", help="Width score: taylor (one-shot default), amp (MoP default), ntk, afr, magnitude."
+        None,
+        "--width",
+        "-w",
+        help="Width score (see `cbo width-scores`): taylor (one-shot default), amp (MoP default).",
     ),
     scheduler: str = typer.Option("oneshot", "--scheduler", "-s", help="oneshot or mop (Mixture of Pruners)."),
     criterion: str = typer.Option("kl", "--criterion", help="MoP path criterion: cosine, kl, ppl, random."),
@@ -91,44 +78,16 @@ def compress(
     """Compress a model by width (and optionally depth) pruning; print parameters, PPL, KL and speed."""
     from cbo.width.compress import compress as run
 
+    # the options are named as compress() names them, except --json (here), --speed and --option
+    options = dict(ctx.params)
+    del options["json_out"]
+    options["measure_speed"] = options.pop("speed")
     try:
-        report = run(
-            model,
-            None,
-            text,
-            ratio=ratio,
-            depth=depth,
-            width=width,
-            scheduler=scheduler,
-            criterion=criterion,
-            depth_share=depth_share,
-            gqa=gqa,
-            gamma=gamma,
-            round_to=round_to,
-            allocation=allocation,
-            score_options=_parse_options(option),
-            select_calibration=select_calibration,
-            recovery_steps=recovery_steps,
-            final_recovery_steps=final_recovery_steps,
-            recovery=recovery,
-            seq_len=seq_len,
-            n_calibration=n_calibration,
-            n_validation=n_validation,
-            n_test=n_test,
-            batch_size=batch_size,
-            measure_speed=speed,
-            out=out,
-            seed=seed,
-            progress=True,
-        )
+        options["score_options"] = _parse_options(options.pop("option"))
+        report = run(tokenizer=None, progress=True, **options)
     except CBOError as exc:
         _fail(exc)
-    console.print(report.summary().splitlines()[0])
-    console.print(_report_table(report))
-    if report.removed_layers:
-        console.print(f"removed layers (original indices): {report.removed_layers}")
-    if report.path:
-        console.print("MoP path: " + "".join("D" if p["chosen"] == "depth" else "W" for p in report.path))
+    report.print(console)
     if out is not None:
         console.print(f"saved to {out} (load with cbo.load_pruned)")
     if json_out is not None:
@@ -163,13 +122,12 @@ def width_scores() -> None:
     """List the registered width scores and their options."""
     import dataclasses
 
-    from cbo.width.scores import get, names
+    from cbo.width.scores import SCORES
 
     table = Table(title="width scores")
     for col in ("name", "aliases", "options", "description"):
         table.add_column(col)
-    for name in names():
-        cls = get(name)
+    for name, cls in SCORES.items():
         opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls.Options))
         table.add_row(name, ", ".join(cls.aliases), opts, cls.description)
     console.print(table)

@@ -4,8 +4,13 @@
 * :mod:`cbo.width.scores` — magnitude, Taylor, AFR-structured, NTK (NIRVANA), AMP, behind one registry;
 * :mod:`cbo.width.allocate` — global ranking with the MLP-vs-attention ratio γ, minimums, rounding;
 * :mod:`cbo.width.calibration` — choose the calibration batch by the KL of the model it prunes;
-* :mod:`cbo.width.mop` — the Mixture-of-Pruners scheduler (depth or width, one step at a time);
-* :mod:`cbo.width.compress` — :func:`compress`, the end-to-end call with a before/after report.
+* :mod:`cbo.width.prune` — :func:`width_prune`, one-shot: score, allocate, slice;
+* :mod:`cbo.width.recovery` — a short recovery fine-tune (LoRA or full) after pruning;
+* :mod:`cbo.width.mop` — the Mixture-of-Pruners scheduler (depth or width, one step at a time), given a
+  depth proposer: it never estimates a Hessian or runs a solver itself;
+* :mod:`cbo.width.proposers` and :mod:`cbo.width.compress` — the pipeline layer (to move to
+  ``cbo/pipeline/``): the depth proposers (``cbo``: the QUBO's choice; ``antepenultimate``) and
+  :func:`compress`, the end-to-end call with a before/after report (``cbo.compress``).
 
 The functions below are re-exported here, except those named like their module (``allocate``,
 ``compress``): import them from :mod:`cbo.width.allocate` and :mod:`cbo.width.compress` (``cbo.compress``).
@@ -30,9 +35,10 @@ _LAZY = {
     "model_structures": "cbo.structures",
     "layer_widths": "cbo.structures",
     "select_calibration": "cbo.width.calibration",
-    "width_prune": "cbo.width.compress",
+    "width_prune": "cbo.width.prune",
     "mixture_of_pruners": "cbo.width.mop",
-    "recover": "cbo.width.mop",
+    "antepenultimate": "cbo.width.mop",
+    "recover": "cbo.width.recovery",
     "save_pruned": "cbo.surgery.io",
     "load_pruned": "cbo.surgery.io",
 }

@@ -16,6 +16,7 @@ from typing import Any
 
 from cbo.errors import DataError
 from cbo.extras import require
+from cbo.width.prune import width_prune
 
 torch = require("torch", "calibration selection")
 
@@ -76,14 +77,13 @@ def select_calibration(
         ratio / remove_params: the width budget, as in :func:`cbo.width.allocate.allocate`.
         score: the width score used to prune.
         ref_logprobs: the original model's log-probs on ``control`` (computed when omitted).
+        **allocate_options: further options of :func:`cbo.width.prune.width_prune` (``allocation``,
+            ``min_heads``, ``min_neurons``, ``max_layer_fraction``).
 
     Returns:
         A :class:`CalibrationChoice` (ties go to the earliest candidate).
     """
     from cbo.evaluate import count_parameters, kl_to_reference, reference_logits
-    from cbo.surgery.width import prune_width
-    from cbo.width.allocate import allocate
-    from cbo.width.scores import score_units
 
     if not candidates:
         raise DataError("select_calibration needs at least one candidate batch")
@@ -92,17 +92,20 @@ def select_calibration(
     kls, removed = [], []
     total = count_parameters(model)
     for batch in candidates:
-        scores = score_units(model, batch, score, gqa=gqa, batch_size=batch_size, **(score_options or {}))
-        alloc = allocate(
-            scores,
+        pruned, alloc = width_prune(
+            model,
+            batch,
             ratio=ratio,
             remove_params=remove_params,
+            score=score,
+            gqa=gqa,
             gamma=gamma,
             round_to=round_to,
+            batch_size=batch_size,
             total_params=total,
+            score_options=score_options,
             **allocate_options,
         )
-        pruned = prune_width(model, alloc.plan)
         kls.append(float(kl_to_reference(pruned, control, ref_logprobs, batch_size=batch_size)))
         removed.append(alloc.removed_params)
         del pruned

@@ -1,22 +1,24 @@
 """``compress``: depth and width pruning end to end, with a before/after report.
 
-One-shot (``scheduler="oneshot"``): optionally remove whole layers first (``depth="cbo"``: the ground state
-of the CBO QUBO; ``depth="antepenultimate"``: layers just before the last two, as MoP's depth rule), taking
-``depth_share`` of the parameter budget in whole layers, then width-prune the rest with a score plugin
-(NIRVANA's NTK by default), optionally with KL-based calibration selection. MoP
-(``scheduler="mop"``): the iterative depth-or-width path of :mod:`cbo.width.mop`.
+One-shot (``scheduler="oneshot"``): optionally remove whole layers first, chosen by a depth proposer
+(``depth="cbo"``: the ground state of the CBO QUBO; ``depth="antepenultimate"``: layers just before the
+last two, as MoP's depth rule; see :mod:`cbo.width.proposers`), taking ``depth_share`` of the parameter
+budget in whole layers, then width-prune the rest with a score plugin (Taylor by default), optionally with
+KL-based calibration selection. MoP (``scheduler="mop"``): the iterative depth-or-width path of
+:mod:`cbo.width.mop`, given the same proposer.
 
 The report gives parameters, held-out perplexity, KL to the original and next-token agreement on the test
 split, and measured prefill/decode speed, before and after.
 
 Example:
     >>> report = compress(model, tokenizer, ratio=0.2, width="ntk")             # doctest: +SKIP
-    >>> print(report.summary())                                                 # doctest: +SKIP
-    >>> report.model.save_pretrained("out")  # or cbo.surgery.io.save_pruned    # doctest: +SKIP
+    >>> report.print()                                                          # doctest: +SKIP
+    >>> report.save_model("out")  # the model (cbo.load_pruned reads it) and report.json   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -24,107 +26,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbo.errors import CBOError, DataError, InfeasibleError
+from cbo.errors import CorruptFileError, DataError, InfeasibleError, InvalidOptionError
 from cbo.extras import require
+from cbo.width.mop import check_mop_options, mixture_of_pruners
+from cbo.width.proposers import depth_proposer
+from cbo.width.prune import DEFAULT_SCORE, check_width_options, width_prune
 
 torch = require("torch", "compression")
 
-# the one-shot width score used when none is given: the best measured on the default model (BENCHMARKS.md)
-DEFAULT_ONESHOT_SCORE = "taylor"
 SCHEDULERS = ("oneshot", "mop")
-DEPTH_METHODS = ("none", "cbo", "antepenultimate")
+REPORT_FORMAT = "cbo.compressionreport"
 
 
-def width_prune(
-    model: Any,
-    windows: Any = None,
-    *,
-    ratio: float | None = None,
-    remove_params: int | None = None,
-    score: str = DEFAULT_ONESHOT_SCORE,
-    gqa: str = "group",
-    gamma: float | None = None,
-    round_to: int = 8,
-    min_heads: int = 1,
-    min_neurons: int | None = None,
-    allocation: str | None = None,
-    batch_size: int = 4,
-    total_params: int | None = None,
-    inplace: bool = False,
-    score_options: dict[str, Any] | None = None,
-) -> tuple[Any, Any]:
-    """One-shot width pruning: score, allocate globally, slice. Returns ``(pruned_model, Allocation)``.
-
-    Example:
-        >>> small, alloc = width_prune(model, splits.calibration, ratio=0.2, score="afr")  # doctest: +SKIP
-    """
-    from cbo.surgery.width import prune_width
-    from cbo.width.allocate import allocate
-    from cbo.width.scores import score_units
-
-    scores = score_units(model, windows, score, gqa=gqa, batch_size=batch_size, **(score_options or {}))
-    alloc = allocate(
-        scores,
-        ratio=ratio,
-        remove_params=remove_params,
-        gamma=gamma,
-        round_to=round_to,
-        min_heads=min_heads,
-        min_neurons=min_neurons,
-        total_params=total_params,
-        allocation=allocation,
-    )
-    return prune_width(model, alloc.plan, inplace=inplace), alloc
-
-
-def depth_layers(
-    model: Any,
-    n: int,
-    method: str,
-    calibration: Any = None,
-    *,
-    estimator: str = "fisher",
-    solver: str = "auto",
-    batch_size: int = 4,
-    seed: int = 0,
-    progress: bool = False,
-) -> list[int]:
-    """The ``n`` layers a one-shot depth step removes (``cbo``: QUBO ground state with first/last kept)."""
-    from cbo.blocks import decoder_layers
-
-    layers = len(decoder_layers(model)[0])
-    if n <= 0:
-        return []
-    if n > layers - 3:
-        raise InfeasibleError(f"cannot remove {n} of {layers} layers by depth (the first and last two stay)")
-    if method == "antepenultimate":
-        return list(range(layers - 2 - n, layers - 2))
-    if method != "cbo":
-        raise CBOError(f"unknown depth method {method!r}; use one of {DEPTH_METHODS}")
-    from cbo.hessian import estimate_hessian
-    from cbo.solvers.base import names as solver_names
-    from cbo.solvers.base import solve
-
-    qubo = estimate_hessian(
-        model,
-        None,
-        calibration,
-        estimator=estimator,
-        loss="kl",
-        granularity="layer",
-        batch_size=batch_size,
-        seed=seed,
-        progress=progress,
-    )
-    if solver == "auto" and "auto" not in solver_names():
-        solver = "enumerate"
-    states = solve(qubo, remove=n, solver=solver, k=1, keep=[0, layers - 1], seed=seed)
-    return sorted(int(i) for i in states.removed(0))
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
 @dataclass
 class CompressionReport:
-    """What :func:`compress` did and measured. ``model`` is the compressed model."""
+    """What :func:`compress` did and measured. ``model`` is the compressed model.
+
+    Views: :meth:`to_json` (a JSON-serializable dict, no weights), :meth:`save` / :meth:`load` (that JSON),
+    :meth:`table` / :meth:`print` (a rich before/after table), :meth:`summary` (plain text) and
+    :meth:`save_model` (the model, tokenizer and ``report.json`` in one folder).
+    """
 
     model: Any
     settings: dict[str, Any]
@@ -141,6 +70,7 @@ class CompressionReport:
     calibration: dict[str, Any] | None = None
     data: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    tokenizer: Any = None
 
     @property
     def ratio(self) -> float:
@@ -148,22 +78,85 @@ class CompressionReport:
         return 1.0 - self.params_after / self.params_before
 
     def speedup(self, kind: str = "decode") -> float | None:
+        """Tokens per second after over before (``prefill`` or ``decode``); None when speed was not measured."""
         if not self.speed_before or not self.speed_after:
             return None
         key = f"{kind}_tokens_per_s"
         return self.speed_after[key] / self.speed_before[key]
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "model"}
-        out["ratio"] = self.ratio
-        out["speedup_prefill"] = self.speedup("prefill")
-        out["speedup_decode"] = self.speedup("decode")
-        return out
+    def path_string(self) -> str:
+        """The MoP path, one letter per step (D: a layer, W: heads and neurons); empty for one-shot."""
+        return "".join("D" if p["chosen"] == "depth" else "W" for p in self.path)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serializable summary (no model weights)."""
+        out = {k: v for k, v in self.__dict__.items() if k not in ("model", "tokenizer")}
+        out.update(format=REPORT_FORMAT, ratio=self.ratio)
+        out.update(speedup_prefill=self.speedup("prefill"), speedup_decode=self.speedup("decode"))
+        return json.loads(json.dumps(out, default=_json_default))
 
     def save(self, path: str | os.PathLike) -> Path:
+        """Write the JSON report."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n")
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CompressionReport:
+        """Read a report written by :meth:`save` (without the model: ``model`` is None)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CorruptFileError(f"cannot read a compression report from {str(path)!r}: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
+            raise CorruptFileError(f"{str(path)!r} is not a compression report (format {REPORT_FORMAT!r})")
+        fields = [f for f in dataclasses.fields(cls) if f.name not in ("model", "tokenizer")]
+        names = {f.name for f in fields}
+        required = [f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING]
+        missing = sorted(n for n in required if n not in data)
+        if missing:
+            raise CorruptFileError(f"the compression report {str(path)!r} lacks {missing}")
+        return cls(model=None, **{k: v for k, v in data.items() if k in names})
+
+    def save_model(self, directory: str | os.PathLike) -> Path:
+        """Save the compressed model and tokenizer (:func:`cbo.surgery.io.save_pruned`) and ``report.json``."""
+        from cbo.surgery.io import save_pruned
+
+        folder = save_pruned(self.model, directory, self.tokenizer)
+        self.save(folder / "report.json")
+        return folder
+
+    def table(self) -> Any:
+        """A rich table of parameters, perplexity, KL, agreement and speed, before and after (test split)."""
+        from rich.table import Table
+
+        table = Table(title="compression report (test split)")
+        table.add_column("")
+        table.add_column("before", justify="right")
+        table.add_column("after", justify="right")
+        table.add_row("parameters", f"{self.params_before:,}", f"{self.params_after:,} (-{self.ratio:.1%})")
+        table.add_row("perplexity", f"{self.before['ppl']:.3f}", f"{self.after['ppl']:.3f}")
+        table.add_row("KL to original (nats/token)", "0", f"{self.after['kl']:.4f}")
+        table.add_row("next-token agreement", "1", f"{self.after['agreement']:.3f}")
+        if self.speed_before and self.speed_after:
+            for kind in ("prefill", "decode"):
+                b = self.speed_before[f"{kind}_tokens_per_s"]
+                a = self.speed_after[f"{kind}_tokens_per_s"]
+                table.add_row(f"{kind} tokens/s", f"{b:.1f}", f"{a:.1f} (x{a / b:.2f})")
+        return table
+
+    def print(self, console: Any = None) -> None:
+        """Print the settings line, :meth:`table`, the removed layers and the MoP path."""
+        from rich.console import Console
+
+        console = console or Console()
+        console.print(self.summary().splitlines()[0])
+        console.print(self.table())
+        if self.removed_layers:
+            console.print(f"removed layers (original indices): {self.removed_layers}")
+        if self.path:
+            console.print(f"MoP path: {self.path_string()}")
 
     def summary(self) -> str:
         s = self.settings
@@ -185,16 +178,8 @@ class CompressionReport:
         if self.removed_layers:
             lines.append(f"  removed layers (original indices): {self.removed_layers}")
         if self.path:
-            lines.append("  MoP path: " + "".join("D" if p["chosen"] == "depth" else "W" for p in self.path))
+            lines.append(f"  MoP path: {self.path_string()}")
         return "\n".join(lines)
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
 def compress(
@@ -239,7 +224,7 @@ def compress(
         text: calibration/evaluation text (see :func:`cbo.data.load_documents`); None = the default Austen text.
         ratio: fraction of the model's parameters to remove, in (0, 1).
         depth: ``none``, ``cbo`` (QUBO ground state) or ``antepenultimate``; with ``scheduler="mop"`` the rule
-            that proposes each step's layer.
+            that proposes each step's layer (:func:`cbo.width.proposers.depth_proposer`).
         width: width score (default ``taylor`` one-shot, ``amp`` for MoP: the best of each on the default model
             in BENCHMARKS.md).
         scheduler: ``oneshot`` or ``mop``.
@@ -249,9 +234,11 @@ def compress(
             score's own; see :func:`cbo.width.allocate.allocate`).
         select_calibration: one-shot: number of candidate calibration batches for KL-based selection
             (0 or 1 = none); candidates are drawn from the calibration split, the control is the validation split.
-        recovery_steps / final_recovery_steps / recovery: MoP recovery fine-tune (see :mod:`cbo.width.mop`).
+        recovery_steps / final_recovery_steps / recovery: MoP recovery fine-tune (see :mod:`cbo.width.recovery`).
         splits: a :class:`cbo.data.TokenSplits` to use instead of cutting ``text``.
         measure_speed: time prefill and decode before and after (:func:`cbo.evaluate.throughput`).
+        estimator / solver: the Hessian estimator and solver of ``depth="cbo"`` (MoP uses ``enumerate`` for
+            ``"auto"``).
         out: folder to save the compressed model (:func:`cbo.surgery.io.save_pruned`) and ``report.json``.
 
     Returns:
@@ -265,14 +252,23 @@ def compress(
     from cbo.surgery.depth import REMOVED_KEY, remove_blocks, text_config
 
     if scheduler not in SCHEDULERS:
-        raise CBOError(f"unknown scheduler {scheduler!r}; use one of {SCHEDULERS}")
-    if depth not in DEPTH_METHODS:
-        raise CBOError(f"unknown depth method {depth!r}; use one of {DEPTH_METHODS}")
+        raise InvalidOptionError(f"unknown scheduler {scheduler!r}; use one of {list(SCHEDULERS)}")
     if not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) < 1.0):
         raise InfeasibleError(f"ratio must be in (0, 1) (fraction of parameters to remove), got {ratio!r}")
     if not 0.0 <= depth_share <= 1.0:
         raise InfeasibleError(f"depth_share must be in [0, 1], got {depth_share}")
-    width = width or ("amp" if scheduler == "mop" else DEFAULT_ONESHOT_SCORE)
+    width = width or ("amp" if scheduler == "mop" else DEFAULT_SCORE)
+    check_width_options(width, score_options, gqa, allocation)
+    if scheduler == "mop":
+        check_mop_options(criterion, recovery)
+    proposer = depth_proposer(
+        depth,
+        estimator=estimator,
+        solver="enumerate" if scheduler == "mop" and solver == "auto" else solver,
+        batch_size=batch_size,
+        seed=seed,
+        progress=progress and scheduler == "oneshot",
+    )
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     name = (
@@ -304,25 +300,12 @@ def compress(
     if test is None or test.shape[0] == 0:
         raise DataError("compress needs a non-empty test split to report held-out perplexity and KL")
     model.eval()
-    settings = dict(
-        model=str(name),
-        ratio=ratio,
-        scheduler=scheduler,
-        width=width,
-        depth=depth,
-        criterion=criterion,
-        depth_share=depth_share,
-        gqa=gqa,
-        gamma=gamma,
-        round_to=round_to,
-        allocation=allocation,
-        score_options=score_options or {},
-        select_calibration=select_calibration,
-        recovery_steps=recovery_steps,
-        final_recovery_steps=final_recovery_steps,
-        recovery=recovery,
-        seed=seed,
-    )
+    # the options every width step shares (one-shot, calibration selection, each MoP step)
+    width_options = dict(gqa=gqa, gamma=gamma, round_to=round_to, allocation=allocation, score_options=score_options)
+    settings = dict(model=str(name), ratio=ratio, scheduler=scheduler, width=width, depth=depth, criterion=criterion)
+    settings |= {"depth_share": depth_share, **width_options, "score_options": score_options or {}}
+    settings |= dict(select_calibration=select_calibration, recovery=recovery, recovery_steps=recovery_steps)
+    settings |= dict(final_recovery_steps=final_recovery_steps, seed=seed)
 
     t0 = time.perf_counter()
     ref = reference_logits(model, test, batch_size=batch_size)
@@ -338,51 +321,32 @@ def compress(
     calib_info = None
     t0 = time.perf_counter()
     if scheduler == "mop":
-        from cbo.width.mop import mixture_of_pruners
-
         result = mixture_of_pruners(
             model,
             calib,
             control,
             ratio=ratio,
             criterion=criterion,
-            depth=depth,
+            depth_proposer=proposer,
             width_score=width,
-            gqa=gqa,
-            gamma=gamma,
-            round_to=round_to,
-            allocation=allocation,
-            score_options=score_options,
             recovery_steps=recovery_steps,
             final_recovery_steps=final_recovery_steps,
             recovery=recovery,
-            estimator=estimator,
-            solver="enumerate" if solver == "auto" else solver,
             batch_size=batch_size,
             seed=seed,
             progress=progress,
+            **width_options,
         )
         pruned = result.model
         path = result.to_dict()["path"]
     else:
-        from cbo.blocks import find_blocks
-
         pruned = model
-        if depth != "none" and depth_share > 0:
+        if proposer is not None and depth_share > 0:
+            from cbo.blocks import find_blocks
+
             blocks = find_blocks(model, "layer")
             per_layer = sum(b.n_params for b in blocks) / len(blocks)
-            n_layers = int(round(depth_share * target / per_layer))
-            layers = depth_layers(
-                model,
-                n_layers,
-                depth,
-                calib,
-                estimator=estimator,
-                solver=solver,
-                batch_size=batch_size,
-                seed=seed,
-                progress=progress,
-            )
+            layers = proposer.layers(model, calib, int(round(depth_share * target / per_layer)))
             if layers:
                 pruned = remove_blocks(model, layers)
         remaining = target - (p0 - count_parameters(pruned))
@@ -401,11 +365,7 @@ def compress(
                     remove_params=remaining,
                     score=width,
                     batch_size=batch_size,
-                    gqa=gqa,
-                    gamma=gamma,
-                    round_to=round_to,
-                    score_options=score_options,
-                    allocation=allocation,
+                    **width_options,
                 )
                 windows = choice.windows
                 calib_info = {"index": choice.index, "kl": choice.kl, "candidates": select_calibration, "size": size}
@@ -414,13 +374,9 @@ def compress(
                 windows,
                 remove_params=remaining,
                 score=width,
-                gqa=gqa,
-                gamma=gamma,
-                round_to=round_to,
-                allocation=allocation,
                 batch_size=batch_size,
                 inplace=pruned is not model,
-                score_options=score_options,
+                **width_options,
             )
     timings["prune"] = time.perf_counter() - t0
 
@@ -446,10 +402,8 @@ def compress(
         calibration=calib_info,
         data=dict(splits.info) if getattr(splits, "info", None) else {},
         seconds=timings,
+        tokenizer=tokenizer,
     )
     if out is not None:
-        from cbo.surgery.io import save_pruned
-
-        folder = save_pruned(pruned, out, tokenizer)
-        report.save(folder / "report.json")
+        report.save_model(out)
     return report

@@ -2,19 +2,19 @@
 
 Each step builds two candidates from the current model:
 
-* **depth**: remove one decoder layer, chosen by the CBO QUBO of the current model (``depth="cbo"``:
-  :func:`cbo.hessian.estimate_hessian` + :func:`cbo.solve` with ``M = 1``, first and last layer kept) or by
-  the paper's rule, the antepenultimate layer (``depth="antepenultimate"``, keeping the last two);
+* **depth**: remove the one decoder layer a *depth proposer* names: a callable ``(model, calibration) ->
+  layer index or None`` (None: no depth candidate). The default, :func:`antepenultimate`, is the paper's
+  rule (the layer just before the last two); the pipeline layer adds the CBO proposer (the QUBO's best next
+  layer, :mod:`cbo.width.proposers`), so this module never estimates a Hessian or runs a solver itself;
 * **width**: remove the same number of parameters as heads and MLP neurons across all layers, scored by a
   width score (AMP by default, as in the paper) and allocated globally (:mod:`cbo.width.allocate`).
 
-Both may get a short recovery fine-tune (a few optimizer steps on the calibration windows; LoRA through
-``peft`` when installed, merged back afterwards). A path criterion scores each candidate against the
-original model on a control split: ``cosine`` (similarity of the final hidden states, higher is better),
-``kl`` (KL to the original's next-token distribution), ``ppl`` (perplexity), or ``random`` (a seeded coin).
-The better candidate becomes the next base; steps repeat until the target parameter ratio is reached.
-When less than half a layer's parameters remain to be removed, one last width step removes exactly the
-remainder. The path taken is recorded.
+Both may get a short recovery fine-tune (:func:`cbo.width.recovery.recover`). A path criterion scores each
+candidate against the original model on a control split: ``cosine`` (similarity of the final hidden states,
+higher is better), ``kl`` (KL to the original's next-token distribution), ``ppl`` (perplexity), or
+``random`` (a seeded coin). The better candidate becomes the next base; steps repeat until the target
+parameter ratio is reached. When less than half a layer's parameters remain to be removed, one last width
+step removes exactly the remainder. The path taken is recorded.
 
 Example:
     >>> result = mixture_of_pruners(model, calib, control, ratio=0.3, criterion="kl")  # doctest: +SKIP
@@ -25,19 +25,55 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from cbo.errors import CBOError, DataError, InfeasibleError
-from cbo.extras import has_module, require
+from cbo.blocks import decoder_layers, find_blocks
+from cbo.errors import DataError, InfeasibleError, InvalidOptionError
+from cbo.evaluate import count_parameters, kl_to_reference, perplexity, reference_logits
+from cbo.extras import require
+from cbo.surgery.depth import ORIGINAL_KEY, remove_blocks, text_config
+from cbo.width.prune import check_width_options, width_prune
+from cbo.width.recovery import RECOVERY, recover
 
 torch = require("torch", "the MoP scheduler")
 
 CRITERIA = ("cosine", "kl", "ppl", "random")
-DEPTH_RULES = ("cbo", "antepenultimate", "none")
-RECOVERY = ("lora", "full")
+
+# the next layer a depth step removes, or None when no layer should go
+DepthProposer = Callable[[Any, Any], "int | None"]
+
+
+def antepenultimate(model: Any, calibration: Any = None) -> int | None:
+    """MoP's depth rule (the paper): the layer just before the last two; None below three layers."""
+    n = len(decoder_layers(model)[0])
+    return n - 3 if n >= 3 else None
+
+
+def proposer_name(proposer: DepthProposer | None) -> str:
+    """How a proposer is recorded: its ``name`` attribute, its function name, or ``"none"``."""
+    if proposer is None:
+        return "none"
+    return str(getattr(proposer, "name", None) or getattr(proposer, "__name__", None) or type(proposer).__name__)
+
+
+def proposed_layer(proposer: DepthProposer | None, model: Any, calibration: Any) -> int | None:
+    """The proposer's layer for ``model``, checked to be a layer of it (None: no depth candidate)."""
+    if proposer is None:
+        return None
+    layer = proposer(model, calibration)
+    if layer is None:
+        return None
+    n = len(decoder_layers(model)[0])
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
+        raise InvalidOptionError(
+            f"depth proposer {proposer_name(proposer)!r} returned {layer!r}; it must return a layer index in "
+            f"0..{n - 1} or None"
+        )
+    return int(layer)
 
 
 @dataclass
@@ -68,7 +104,7 @@ class MoPResult:
     params_after: int
     target_params: int
     criterion: str
-    depth: str
+    depth: str  # the depth proposer's name ("none": width only)
     width_score: str
     seed: int
     info: dict[str, Any] = field(default_factory=dict)
@@ -83,112 +119,26 @@ class MoPResult:
         return out
 
 
-# ------------------------------------------------------------------------------------------ recovery
-
-
-def _lm_loss(model: Any, batch: Any) -> Any:
-    logits = model(input_ids=batch).logits
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1)
-    )
-
-
-@torch.no_grad()
-def lm_loss_of(model: Any, windows: Any, batch_size: int = 4) -> float:
-    """Mean next-token loss of ``model`` on ``windows`` (eval mode)."""
-    device = next(model.parameters()).device
-    losses = [
-        float(_lm_loss(model, windows[i : i + batch_size].to(device))) for i in range(0, windows.shape[0], batch_size)
-    ]
-    return sum(losses) / len(losses)
-
-
-def _lora_targets(model: Any) -> list[str]:
-    from cbo.structures import model_structures
-
-    names = set()
-    for s in model_structures(model).all():
-        for slot in s.slots:
-            for name, module in model.named_modules():
-                if module is slot.module:
-                    names.add(name.rsplit(".", 1)[-1])
-                    break
-    return sorted(names)
-
-
-def recover(
-    model: Any,
-    windows: Any,
-    *,
-    steps: int = 10,
-    lr: float = 1e-4,
-    method: str = "lora",
-    batch_size: int = 4,
-    seed: int = 0,
-    lora_rank: int = 8,
-) -> Any:
-    """A short recovery fine-tune on ``windows`` (next-token loss); returns the model (same shapes, eval mode).
-
-    ``method="lora"`` trains LoRA adapters on the attention and MLP projections and merges them back (needs
-    ``peft``; falls back to ``"full"`` with a note in ``model.config.cbo_recovery`` when it is missing);
-    ``"full"`` updates every weight with AdamW.
-    """
-    if method not in RECOVERY:
-        raise CBOError(f"unknown recovery method {method!r}; use one of {RECOVERY}")
-    if steps <= 0:
-        return model
-    torch.manual_seed(seed)
-    used = method if (method != "lora" or has_module("peft")) else "full"
-    target = model
-    if used == "lora":
-        peft = require("peft", "LoRA recovery")
-        config = peft.LoraConfig(
-            r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=_lora_targets(model)
-        )
-        target = peft.get_peft_model(model, config)
-    params = [p for p in target.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    target.train()
-    n = windows.shape[0]
-    device = next(model.parameters()).device
-    try:
-        for i in range(steps):
-            start = (i * batch_size) % n
-            batch = windows[start : start + batch_size].to(device)
-            loss = _lm_loss(target, batch)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    finally:
-        target.eval()
-    if used == "lora":
-        model = target.merge_and_unload()
-    model.eval()
-    model.config.cbo_recovery = {"method": used, "steps": steps, "lr": lr}
-    return model
-
-
 # ------------------------------------------------------------------------------------------ criteria
 
 
-class _Criterion:
-    """Scores a candidate against the original on the control windows (lower is better)."""
+class PathCriterion:
+    """Scores a candidate against the original on the control windows (see :meth:`better`)."""
 
     def __init__(self, name: str, original: Any, control: Any, batch_size: int, ref_logprobs: Any = None):
-        from cbo.evaluate import reference_logits
-
         self.name, self.control, self.batch_size = name, control, batch_size
         self.ref = None
         self.hidden = None
         if name == "kl":
-            self.ref = (
-                ref_logprobs if ref_logprobs is not None else reference_logits(original, control, batch_size=batch_size)
-            )
+            self.ref = ref_logprobs
+            if self.ref is None:
+                self.ref = reference_logits(original, control, batch_size=batch_size)
         elif name == "cosine":
-            self.hidden = self._final_hidden(original)
+            self.hidden = self.final_hidden(original)
 
     @torch.no_grad()
-    def _final_hidden(self, model: Any) -> Any:
+    def final_hidden(self, model: Any) -> Any:
+        """The last hidden states of ``model`` on the control windows."""
         out = []
         device = next(model.parameters()).device
         for i in range(0, self.control.shape[0], self.batch_size):
@@ -200,13 +150,11 @@ class _Criterion:
 
     def __call__(self, model: Any) -> float:
         """The criterion value as reported (cosine: similarity; kl, ppl: as measured)."""
-        from cbo.evaluate import kl_to_reference, perplexity
-
         if self.name == "kl":
             return float(kl_to_reference(model, self.control, self.ref, batch_size=self.batch_size))
         if self.name == "ppl":
             return float(perplexity(model, self.control, batch_size=self.batch_size))
-        h = self._final_hidden(model)
+        h = self.final_hidden(model)
         return float(torch.nn.functional.cosine_similarity(h, self.hidden, dim=-1).mean())
 
     def better(self, a: float, b: float) -> bool:
@@ -214,66 +162,21 @@ class _Criterion:
         return a > b if self.name == "cosine" else a < b
 
 
-# ------------------------------------------------------------------------------------------ candidates
+# ------------------------------------------------------------------------------------------ the scheduler
 
 
-def _original_index(model: Any, layer: int) -> int:
-    from cbo.surgery.depth import ORIGINAL_KEY, text_config
+def check_mop_options(criterion: str, recovery: str = "lora") -> None:
+    """Raise :class:`InvalidOptionError` for an unknown path criterion or recovery method."""
+    if criterion not in CRITERIA:
+        raise InvalidOptionError(f"unknown MoP criterion {criterion!r}; use one of {list(CRITERIA)}")
+    if recovery not in RECOVERY:
+        raise InvalidOptionError(f"unknown recovery method {recovery!r}; use one of {list(RECOVERY)}")
 
+
+def original_index(model: Any, layer: int) -> int:
+    """The index in the original model of ``model``'s layer ``layer`` (after earlier depth steps)."""
     original = getattr(text_config(model), ORIGINAL_KEY, None)
     return int(original[layer]) if original and layer < len(original) else layer
-
-
-def choose_depth_layer(
-    model: Any,
-    rule: str,
-    calibration: Any,
-    *,
-    estimator: str = "fisher",
-    solver: str = "enumerate",
-    batch_size: int = 4,
-    seed: int = 0,
-) -> int | None:
-    """The layer a depth step removes (None when the model is too shallow: fewer than 3 layers)."""
-    from cbo.blocks import decoder_layers
-
-    n = len(decoder_layers(model)[0])
-    if rule == "none" or n < 3:
-        return None
-    if rule == "antepenultimate":
-        return n - 3
-    if rule != "cbo":
-        raise CBOError(f"unknown depth rule {rule!r}; use one of {DEPTH_RULES}")
-    from cbo.hessian import estimate_hessian
-    from cbo.solvers.base import solve
-
-    qubo = estimate_hessian(
-        model,
-        None,
-        calibration,
-        estimator=estimator,
-        loss="kl",
-        granularity="layer",
-        batch_size=batch_size,
-        seed=seed,
-        progress=False,
-    )
-    states = solve(qubo, remove=1, solver=solver, k=1, keep=[0, n - 1], seed=seed)
-    return int(states.removed(0)[0])
-
-
-def _width_candidate(model: Any, calibration: Any, budget: int, score: str, batch_size: int, **alloc: Any):
-    from cbo.evaluate import count_parameters
-    from cbo.surgery.width import prune_width
-    from cbo.width.allocate import allocate
-    from cbo.width.scores import score_units
-
-    opts = dict(alloc)
-    score_options = opts.pop("score_options", None) or {}
-    gqa = opts.pop("gqa", "group")
-    scores = score_units(model, calibration, score, gqa=gqa, batch_size=batch_size, **score_options)
-    allocation = allocate(scores, remove_params=budget, total_params=count_parameters(model), **opts)
-    return prune_width(model, allocation.plan), allocation.removed_params
 
 
 def mixture_of_pruners(
@@ -283,7 +186,7 @@ def mixture_of_pruners(
     *,
     ratio: float = 0.3,
     criterion: str = "kl",
-    depth: str = "antepenultimate",
+    depth_proposer: DepthProposer | None = antepenultimate,
     width_score: str = "amp",
     gqa: str = "group",
     gamma: float | None = None,
@@ -294,8 +197,6 @@ def mixture_of_pruners(
     final_recovery_steps: int = 0,
     recovery: str = "lora",
     recovery_lr: float = 1e-4,
-    estimator: str = "fisher",
-    solver: str = "enumerate",
     batch_size: int = 4,
     seed: int = 0,
     ref_logprobs: Any = None,
@@ -306,11 +207,13 @@ def mixture_of_pruners(
 
     Args:
         model: the original model (left untouched; the result is a new model).
-        calibration: ``(B, T)`` windows for width scores, the CBO QUBO and recovery.
+        calibration: ``(B, T)`` windows for width scores, the depth proposer and recovery.
         control: ``(B, T)`` windows on which the criterion compares candidates with the original.
         ratio: fraction of the original's parameters to remove, in (0, 1).
         criterion: ``cosine``, ``kl``, ``ppl`` or ``random`` (seeded by ``seed``).
-        depth: ``antepenultimate`` (the paper), ``cbo`` (the QUBO picks the layer) or ``none`` (width only).
+        depth_proposer: ``(model, calibration) -> layer or None``, the layer each depth candidate removes:
+            :func:`antepenultimate` (the paper, default), the CBO proposer of :mod:`cbo.width.proposers`
+            (the QUBO's best next layer), or None (width only).
         width_score: a registered width score (default AMP, as in the paper).
         allocation: how a width step spreads its budget over layers (default: the score's own, see
             :func:`cbo.width.allocate.allocate`).
@@ -322,16 +225,16 @@ def mixture_of_pruners(
         A :class:`MoPResult` with the pruned model and the recorded path.
 
     Example:
-        >>> r = mixture_of_pruners(model, calib, control, ratio=0.4, criterion="cosine", depth="cbo")  # doctest: +SKIP
+        >>> from cbo.width.proposers import depth_proposer                                # doctest: +SKIP
+        >>> r = mixture_of_pruners(model, calib, control, ratio=0.4, criterion="cosine",
+        ...                        depth_proposer=depth_proposer("cbo"))                  # doctest: +SKIP
     """
-    from cbo.blocks import find_blocks
-    from cbo.evaluate import count_parameters
-    from cbo.surgery.depth import remove_blocks
-
-    if criterion not in CRITERIA:
-        raise CBOError(f"unknown MoP criterion {criterion!r}; use one of {CRITERIA}")
-    if depth not in DEPTH_RULES:
-        raise CBOError(f"unknown depth rule {depth!r}; use one of {DEPTH_RULES}")
+    check_mop_options(criterion, recovery)
+    check_width_options(width_score, score_options, gqa, allocation)
+    if depth_proposer is not None and not callable(depth_proposer):
+        raise InvalidOptionError(
+            f"depth_proposer must be a callable (model, calibration) -> layer or None, or None; got {depth_proposer!r}"
+        )
     if not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) < 1.0):
         raise InfeasibleError(f"ratio must be in (0, 1) (fraction of parameters to remove), got {ratio!r}")
     for name, w in (("calibration", calibration), ("control", control)):
@@ -340,9 +243,29 @@ def mixture_of_pruners(
 
     p0 = count_parameters(model)
     target = int(round(ratio * p0))
-    judge = _Criterion(criterion, model, control, batch_size, ref_logprobs) if criterion != "random" else None
+    judge = PathCriterion(criterion, model, control, batch_size, ref_logprobs) if criterion != "random" else None
     rng = np.random.default_rng(seed)
-    alloc = dict(gqa=gqa, gamma=gamma, round_to=round_to, allocation=allocation, score_options=score_options)
+    width_options = dict(
+        score=width_score,
+        gqa=gqa,
+        gamma=gamma,
+        round_to=round_to,
+        allocation=allocation,
+        score_options=score_options,
+        batch_size=batch_size,
+    )
+
+    def width_step(base: Any, budget: int) -> tuple[Any, int]:
+        pruned, alloc = width_prune(
+            base, calibration, remove_params=budget, total_params=count_parameters(base), **width_options
+        )
+        return pruned, alloc.removed_params
+
+    def fine_tune(candidate: Any, steps: int, k: int) -> Any:
+        return recover(
+            candidate, calibration, steps=steps, lr=recovery_lr, method=recovery, batch_size=batch_size, seed=seed + k
+        )
+
     current = model
     path: list[MoPStep] = []
     bar = None
@@ -350,12 +273,6 @@ def mixture_of_pruners(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=target, desc="MoP", unit="param", leave=False)
-
-    def fine_tune(candidate: Any, steps: int, k: int) -> Any:
-        return recover(
-            candidate, calibration, steps=steps, lr=recovery_lr, method=recovery, batch_size=batch_size, seed=seed + k
-        )
-
     for step in range(max_steps):
         t0 = time.perf_counter()
         before = count_parameters(current)
@@ -366,41 +283,26 @@ def mixture_of_pruners(
         mean_layer = sum(b.n_params for b in blocks) // len(blocks)
         if remaining < mean_layer / 2:  # less than half a layer left: one width step takes exactly the rest
             try:
-                width_model, removed = _width_candidate(
-                    current, calibration, remaining, width_score, batch_size, **alloc
-                )
+                width_model, removed = width_step(current, remaining)
             except InfeasibleError:
                 break
             if removed == 0:
                 break  # the remainder is smaller than any chunk the allocation can take
             width_model = fine_tune(width_model, recovery_steps, 2 * step + 1)
             value = judge(width_model) if judge else None
+            seconds = time.perf_counter() - t0
             path.append(
                 MoPStep(
-                    step,
-                    "width",
-                    before,
-                    before - removed,
-                    None,
-                    None,
-                    0,
-                    removed,
-                    None,
-                    value,
-                    time.perf_counter() - t0,
-                    True,
+                    step, "width", before, before - removed, None, None, 0, removed, None, value, seconds, final=True
                 )
             )
             current = width_model
             if bar:
                 bar.update(removed)
             break
-        layer = choose_depth_layer(
-            current, depth, calibration, estimator=estimator, solver=solver, batch_size=batch_size, seed=seed
-        )
+        layer = proposed_layer(depth_proposer, current, calibration)
         budget = blocks[layer].n_params if layer is not None else mean_layer
         base = current
-        orig = _original_index(base, layer) if layer is not None else None
         if criterion == "random":  # a seeded coin picks the step; only that candidate is built
             wanted = ["width"] if layer is None or rng.random() < 0.5 else ["depth"]
         else:
@@ -409,9 +311,7 @@ def mixture_of_pruners(
         width_removed = 0
         if "width" in wanted:
             try:
-                built["width"], width_removed = _width_candidate(
-                    base, calibration, budget, width_score, batch_size, **alloc
-                )
+                built["width"], width_removed = width_step(base, budget)
                 if width_removed == 0:
                     del built["width"]
                     raise InfeasibleError("the width step can remove nothing more")
@@ -432,19 +332,21 @@ def mixture_of_pruners(
             chosen = "width" if judge.better(values["width"], values["depth"]) else "depth"
         current = built[chosen]
         after = count_parameters(current)
+        orig = original_index(base, layer) if layer is not None else None
+        depth_params = budget if layer is not None else 0
         path.append(
             MoPStep(
                 step,
                 chosen,
                 before,
                 after,
-                layer,
-                orig,
-                budget if layer is not None else 0,
-                width_removed,
-                values.get("depth"),
-                values.get("width"),
-                time.perf_counter() - t0,
+                depth_layer=layer,
+                depth_original_layer=orig,
+                depth_params=depth_params,
+                width_params=width_removed,
+                depth_score=values.get("depth"),
+                width_score=values.get("width"),
+                seconds=time.perf_counter() - t0,
             )
         )
         if bar:
@@ -455,18 +357,6 @@ def mixture_of_pruners(
         raise InfeasibleError(f"MoP could not remove anything from the model at ratio {ratio}")
     if final_recovery_steps > 0:
         current = fine_tune(current, final_recovery_steps, 10**6)
-    return MoPResult(
-        model=current,
-        path=path,
-        params_before=p0,
-        params_after=count_parameters(current),
-        target_params=target,
-        criterion=criterion,
-        depth=depth,
-        width_score=width_score,
-        seed=seed,
-        info={
-            "recovery": recovery if recovery_steps or final_recovery_steps else None,
-            "recovery_steps": recovery_steps,
-        },
-    )
+    info = {"recovery": recovery if recovery_steps or final_recovery_steps else None, "recovery_steps": recovery_steps}
+    settings = (criterion, proposer_name(depth_proposer), width_score, seed)
+    return MoPResult(current, path, p0, count_parameters(current), target, *settings, info=info)

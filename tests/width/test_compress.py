@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 import torch
+from rich.console import Console
 from tiny_models import CharTokenizer, build_tiny_model
 
-from cbo.errors import CBOError, DataError, InfeasibleError
+from cbo.errors import CBOError, CorruptFileError, DataError, InfeasibleError, InvalidOptionError, UnknownNameError
 from cbo.evaluate import count_parameters
 from cbo.surgery.io import load_pruned
-from cbo.width.compress import compress
+from cbo.width.compress import CompressionReport, compress
 
 TEXT = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife. "
@@ -61,6 +63,43 @@ def test_compress_reports_and_saves(model, kw, tmp_path):
     x = torch.randint(0, 260, (1, 10))
     assert torch.equal(load_pruned(tmp_path / "m")(input_ids=x).logits, r.model(input_ids=x).logits)
     assert "held-out ppl" in r.summary()
+    loaded = CompressionReport.load(tmp_path / "m" / "report.json")  # the JSON alone rebuilds the report
+    assert loaded.model is None and loaded.to_json() == saved == r.to_json()
+    console = Console(file=io.StringIO(), width=200)
+    r.print(console)
+    printed = console.file.getvalue()
+    assert "compression report (test split)" in printed and f"{r.params_after:,}" in printed
+    assert ("MoP path: " + r.path_string() in printed) == bool(r.path)
+
+
+def test_bad_options_fail_before_any_forward_pass(model):
+    calls = []
+    handle = model.model.layers[0].register_forward_pre_hook(lambda m, a: calls.append(1))
+    bad = [
+        (UnknownNameError, "unknown width score 'wanda'", dict(width="wanda")),
+        (InvalidOptionError, "has no option", dict(width="ntk", score_options={"p": 0.5})),
+        (InvalidOptionError, "NTK output", dict(width="ntk", score_options={"output": "mean"})),
+        (InvalidOptionError, "unknown allocation", dict(allocation="random")),
+        (InvalidOptionError, "grouped-query mode", dict(gqa="heads")),
+        (InvalidOptionError, "unknown MoP criterion", dict(scheduler="mop", criterion="bleu")),
+        (InvalidOptionError, "unknown recovery method", dict(scheduler="mop", recovery="qlora")),
+    ]
+    try:
+        for error, message, kw in bad:
+            with pytest.raises(error, match=message):
+                compress(model, CharTokenizer(), TEXT, **SMALL, **kw)
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_a_report_file_must_be_a_compression_report(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "cbo.depthreport"}))
+    with pytest.raises(CorruptFileError, match="not a compression report"):
+        CompressionReport.load(tmp_path / "bad.json")
+    (tmp_path / "cut.json").write_text(json.dumps({"format": "cbo.compressionreport", "settings": {}}))
+    with pytest.raises(CorruptFileError, match="lacks"):
+        CompressionReport.load(tmp_path / "cut.json")
 
 
 def test_compress_bad_input(model):
@@ -86,7 +125,26 @@ def test_compress_bad_input(model):
 def test_public_names_resolve():
     import cbo
     import cbo.width
+    from cbo.width.prune import width_prune
+    from cbo.width.recovery import recover
 
     for name in cbo.width.__all__:
         assert callable(getattr(cbo.width, name))
     assert cbo.compress is compress and cbo.load_pruned is load_pruned
+    assert cbo.width.width_prune is width_prune and cbo.width.recover is recover
+
+
+def test_oneshot_cbo_depth_removes_the_proposers_layers(model):
+    """depth="cbo" removes the QUBO's ground-state layers (the proposer, asked independently) and keeps threads."""
+    from cbo.blocks import find_blocks
+    from cbo.data import make_splits
+    from cbo.width.proposers import CBOProposer
+
+    splits = make_splits(CharTokenizer(), TEXT, seq_len=24, n_calibration=6, n_validation=3, n_test=3, seed=0)
+    threads = torch.get_num_threads()
+    r = compress(model, splits=splits, ratio=0.3, depth="cbo", depth_share=1.0, solver="enumerate", measure_speed=False)
+    assert torch.get_num_threads() == threads
+    per_layer = find_blocks(model, "layer")[0].n_params
+    n = int(round(r.target_params / per_layer))
+    assert n >= 1 and r.removed_layers == CBOProposer(solver="enumerate").layers(model, splits.calibration, n)
+    assert r.settings["depth"] == "cbo" and len(r.widths) == 6 - n

@@ -7,9 +7,11 @@ import torch
 from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.blocks import decoder_layers
-from cbo.errors import CBOError, InfeasibleError
+from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters
-from cbo.width.mop import lm_loss_of, mixture_of_pruners, recover
+from cbo.width.mop import antepenultimate, mixture_of_pruners
+from cbo.width.proposers import depth_proposer
+from cbo.width.recovery import lm_loss_of, recover
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +28,17 @@ def setup():
 def test_same_seed_same_path(setup, criterion, depth):
     model, calib, control = setup
     runs = [
-        mixture_of_pruners(model, calib, control, ratio=0.4, criterion=criterion, depth=depth, seed=7) for _ in range(2)
+        mixture_of_pruners(
+            model, calib, control, ratio=0.4, criterion=criterion, depth_proposer=depth_proposer(depth, seed=7), seed=7
+        )
+        for _ in range(2)
     ]
     a, b = (r.to_dict() for r in runs)
     for r in (a, b):
         for step in r["path"]:
             step.pop("seconds")
     assert a == b
-    assert runs[0].path_string() == runs[1].path_string()
+    assert runs[0].path_string() == runs[1].path_string() and a["depth"] == depth
     x = random_token_windows(model, n=1, seq_len=8)
     torch.testing.assert_close(runs[0].model(input_ids=x).logits, runs[1].model(input_ids=x).logits)
 
@@ -70,8 +75,32 @@ def test_criterion_picks_the_better_candidate_and_reaches_the_target(setup, crit
 
 def test_width_only_path(setup):
     model, calib, control = setup
-    r = mixture_of_pruners(model, calib, control, ratio=0.1, depth="none", criterion="kl")
+    r = mixture_of_pruners(model, calib, control, ratio=0.1, depth_proposer=None, criterion="kl")
     assert set(r.path_string()) == {"W"} and len(decoder_layers(r.model)[0]) == 6
+    assert r.depth == "none"
+
+
+def test_the_proposer_names_each_depth_candidate(setup):
+    """MoP asks the proposer for the current model's layer and, when depth wins, removes exactly that layer."""
+    model, calib, control = setup
+    asked = []
+
+    def second_layer(current, windows):
+        asked.append(len(decoder_layers(current)[0]))
+        assert windows is calib
+        return 1
+
+    r = mixture_of_pruners(model, calib, control, ratio=0.4, criterion="kl", depth_proposer=second_layer)
+    assert r.depth == "second_layer" and asked
+    layers = 6
+    for step, n in zip((s for s in r.path if not s.final), asked):
+        assert n == layers and step.depth_layer == 1
+        layers -= step.chosen == "depth"
+    original = list(range(6))
+    for step in r.path:
+        if step.chosen == "depth":
+            assert step.depth_original_layer == original.pop(1)
+    assert antepenultimate(model) == 3 and antepenultimate(build_tiny_model("llama", n_layers=2)) is None
 
 
 @pytest.mark.parametrize("method", ["full", "lora"])
@@ -90,9 +119,11 @@ def test_recovery_lowers_the_calibration_loss(setup, method):
 
 def test_bad_input(setup):
     model, calib, control = setup
-    with pytest.raises(CBOError, match="unknown MoP criterion"):
+    with pytest.raises(InvalidOptionError, match="unknown MoP criterion"):
         mixture_of_pruners(model, calib, control, criterion="bleu")
-    with pytest.raises(CBOError, match="unknown depth rule"):
-        mixture_of_pruners(model, calib, control, depth="first")
+    with pytest.raises(InvalidOptionError, match="depth_proposer must be a callable"):
+        mixture_of_pruners(model, calib, control, depth_proposer="antepenultimate")
+    with pytest.raises(InvalidOptionError, match=r"returned 6; it must return a layer index in 0\.\.5"):
+        mixture_of_pruners(model, calib, control, depth_proposer=lambda m, c: 6)
     with pytest.raises(InfeasibleError, match=r"ratio must be in \(0, 1\)"):
         mixture_of_pruners(model, calib, control, ratio=1.0)

@@ -9,7 +9,7 @@ from tiny_models import build_tiny_model, random_token_windows
 from cbo.errors import DataError
 from cbo.evaluate import kl_to_reference, reference_logits
 from cbo.width.calibration import candidate_batches, select_calibration
-from cbo.width.compress import width_prune
+from cbo.width.prune import width_prune
 
 
 def test_candidate_batches_are_disjoint_and_seeded():

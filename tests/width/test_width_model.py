@@ -9,7 +9,7 @@ from cbo.data import random_windows
 from cbo.evaluate import count_parameters
 from cbo.structures import layer_widths
 from cbo.surgery.io import load_pruned, save_pruned
-from cbo.width.compress import width_prune
+from cbo.width.prune import width_prune
 
 
 @pytest.mark.model

@@ -1,10 +1,17 @@
-"""Width scores: one plugin per method behind one registry (see :mod:`cbo.width.scores.base`)."""
+"""Width scores: one plugin module per method behind one registry, :data:`SCORES` (see :mod:`cbo.width.scores.base`).
 
-from cbo.width.scores import afr, amp, magnitude, ntk, taylor  # noqa: F401  (registers the built-ins)
+The built-in scores (afr, amp, magnitude, ntk, taylor) register themselves when the registry is first read.
+
+Example:
+    >>> from cbo.width.scores import SCORES, score_units      # doctest: +SKIP
+    >>> SCORES.names()                                       # doctest: +SKIP
+    ['afr', 'amp', 'magnitude', 'ntk', 'taylor']
+"""
+
 from cbo.width.scores.base import (
+    SCORES,
     GradientScore,
     UnitScores,
-    UnknownScoreError,
     WidthScore,
     get,
     names,
@@ -14,9 +21,9 @@ from cbo.width.scores.base import (
 )
 
 __all__ = [
+    "SCORES",
     "GradientScore",
     "UnitScores",
-    "UnknownScoreError",
     "WidthScore",
     "get",
     "names",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cbo.errors import CBOError
+from cbo.errors import InvalidOptionError
 from cbo.extras import require
 from cbo.structures import gather_units
 from cbo.width.scores.base import GradientScore, Key, lm_loss, register
@@ -28,10 +28,21 @@ from cbo.width.scores.base import GradientScore, Key, lm_loss, register
 torch = require("torch", "AFR scores")
 
 
+def check_exponent(p: float) -> None:
+    """Raise :class:`InvalidOptionError` unless the power exponent ``p`` is > 0."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0:
+        raise InvalidOptionError(f"AFR power exponent p must be > 0, got {p}")
+
+
+def check_clip(lower: float, upper: float) -> None:
+    """Raise :class:`InvalidOptionError` unless ``0 <= lower < upper <= 100``."""
+    if not all(isinstance(x, (int, float)) for x in (lower, upper)) or not 0.0 <= lower < upper <= 100.0:
+        raise InvalidOptionError(f"clip percentiles must satisfy 0 <= lower < upper <= 100, got ({lower}, {upper})")
+
+
 def power_transform(s, p: float):
     """``sign(s)·|s|^p`` elementwise (sign kept, magnitudes compressed for ``p < 1``)."""
-    if p <= 0:
-        raise CBOError(f"AFR power exponent p must be > 0, got {p}")
+    check_exponent(p)
     return torch.sign(s) * s.abs().pow(p)
 
 
@@ -43,7 +54,7 @@ def percentiles(t, qs) -> list[float]:
     """
     for q in qs:
         if not 0.0 <= q <= 100.0:
-            raise CBOError(f"percentile must be in [0, 100], got {q}")
+            raise InvalidOptionError(f"percentile must be in [0, 100], got {q}")
     flat = t.detach().reshape(-1).cpu().numpy()
     n = flat.size
     ranks = []
@@ -62,8 +73,7 @@ def percentile(t, q: float) -> float:
 
 def percentile_clip(s, lower: float, upper: float):
     """``s`` clamped to its own ``lower``-th and ``upper``-th percentiles."""
-    if not 0.0 <= lower < upper <= 100.0:
-        raise CBOError(f"clip percentiles must satisfy 0 <= lower < upper <= 100, got ({lower}, {upper})")
+    check_clip(lower, upper)
     lo, hi = percentiles(s, [lower, upper])
     return s.clamp(lo, hi)
 
@@ -90,16 +100,16 @@ class AFRScore(GradientScore):
         clip_percentiles: tuple[float, float] = (1.0, 99.0)
         sign: bool = True
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        o = self.options
-        o.clip_percentiles = tuple(float(x) for x in o.clip_percentiles)
-        if len(o.clip_percentiles) != 2:
-            raise CBOError(f"clip_percentiles must be (lower, upper), got {o.clip_percentiles}")
-        if o.power:
-            power_transform(torch.zeros(1), o.p)  # validates p
-        if o.clip:
-            percentile_clip(torch.zeros(2), *o.clip_percentiles)  # validates the percentiles
+        def __post_init__(self) -> None:
+            self.clip_percentiles = tuple(float(x) for x in self.clip_percentiles)  # lists from JSON / the CLI
+
+        def validate(self) -> None:
+            if len(self.clip_percentiles) != 2:
+                raise InvalidOptionError(f"clip_percentiles must be (lower, upper), got {self.clip_percentiles}")
+            if self.power:
+                check_exponent(self.p)
+            if self.clip:
+                check_clip(*self.clip_percentiles)
 
     def objective(self, batch):
         return lm_loss(self.model, batch)

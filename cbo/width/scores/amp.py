@@ -13,20 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo.errors import CBOError
+from cbo.errors import ModelError
 from cbo.extras import require
-from cbo.structures import in_axis
-from cbo.width.scores.base import Key, WidthScore, register
+from cbo.width.scores.base import Key, WidthScore, check_choice, register
 
 torch = require("torch", "AMP scores")
-
-
-def _reader_slot(structure):
-    """The slot of the output projection (the one whose units lie along its input axis)."""
-    for slot in structure.slots:
-        if not slot.is_bias and slot.dim == in_axis(slot.module):
-            return slot
-    raise CBOError(f"layer {structure.layer} {structure.kind}: no output projection found for AMP")
 
 
 @register
@@ -44,12 +35,12 @@ class AMPScore(WidthScore):
         head_norm: str = "l2"
         token_reduce: str = "mean"
 
+        def validate(self) -> None:
+            check_choice("AMP head_norm", self.head_norm, ("l1", "l2"))
+            check_choice("AMP token_reduce", self.token_reduce, ("mean", "rms"))
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.options.head_norm not in ("l1", "l2"):
-            raise CBOError(f"AMP head_norm must be 'l1' or 'l2', got {self.options.head_norm!r}")
-        if self.options.token_reduce not in ("mean", "rms"):
-            raise CBOError(f"AMP token_reduce must be 'mean' or 'rms', got {self.options.token_reduce!r}")
         self._sums: dict[Key, object] = {}
         self._tokens: dict[Key, int] = {}
 
@@ -64,7 +55,7 @@ class AMPScore(WidthScore):
 
     def attach(self) -> None:
         for key in self.units:
-            module = _reader_slot(self.structure(key)).module
+            module = self.structure(key).output_projection().module
 
             def hook(mod, args, key=key):
                 m = self._per_token(key, args[0])
@@ -82,7 +73,7 @@ class AMPScore(WidthScore):
         out = {}
         for key, units in self.units.items():
             if key not in self._sums:
-                raise CBOError(f"AMP saw no activations for layer {key[0]} {key[1]}; was the module called?")
+                raise ModelError(f"AMP saw no activations for layer {key[0]} {key[1]}; was the module called?")
             per = self._sums[key] / max(self._tokens[key], 1)
             if self.options.token_reduce == "rms":
                 per = per.sqrt()

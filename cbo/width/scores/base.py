@@ -1,9 +1,13 @@
 """The width-score interface, its registry and :func:`score_units`.
 
-A score is a small class with an explicit lifecycle: ``attach()`` (hooks, gradient switches),
-``accumulate(batch)`` once per calibration batch, ``finalize()`` (per-unit importances) and
-``remove()``, which :func:`score_units` always calls, even when a batch fails. Higher importance means
-"keep"; the allocator removes the lowest-scoring units.
+Lifecycle: a score is a small class; :func:`score_units` builds it with checked options, then calls
+``attach()`` (hooks, gradient switches), ``accumulate(batch)`` once per calibration batch, ``finalize()``
+(per-unit importances) and ``remove()``, which it always calls, even when a batch fails. Higher importance
+means "keep"; the allocator removes the lowest-scoring units.
+
+A new score is one module with a :class:`WidthScore` subclass decorated with ``@SCORES.register`` (its
+``Options`` dataclass may define ``validate()``, which raises :class:`InvalidOptionError`); the built-in
+modules are listed in :data:`SCORES` and imported on its first lookup.
 
 Example:
     >>> scores = score_units(model, windows, "ntk")        # doctest: +SKIP
@@ -18,23 +22,29 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from cbo.errors import CBOError, DataError, ModelError
+from cbo.errors import DataError, InvalidOptionError, ModelError
 from cbo.extras import require
+from cbo.registry import Registry
 from cbo.structures import KINDS, ModelStructures, Units, model_structures, units_of
 
 torch = require("torch", "width scores")
 
-_REGISTRY: dict[str, type[WidthScore]] = {}
-_ALIASES: dict[str, str] = {}
-
 Key = tuple[int, str]  # (decoder layer, "attention" | "mlp")
 
+# every width score; the built-in modules register theirs when the registry is first read
+SCORES: Registry[type[WidthScore]] = Registry(
+    "width score",
+    builtins=tuple(f"cbo.width.scores.{m}" for m in ("afr", "amp", "magnitude", "ntk", "taylor")),
+)
+register = SCORES.register
+get = SCORES.get
+names = SCORES.names
 
-class UnknownScoreError(CBOError, KeyError):
-    """No width score is registered under that name, or it has no such option."""
 
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0]) if self.args else ""
+def check_choice(what: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise :class:`InvalidOptionError` unless ``value`` is one of ``choices`` (for ``Options.validate``)."""
+    if value not in choices:
+        raise InvalidOptionError(f"{what} must be one of {list(choices)}, got {value!r}")
 
 
 @dataclass
@@ -54,7 +64,7 @@ class UnitScores:
 
 
 class WidthScore(abc.ABC):
-    """Base class of every width score; subclasses register with :func:`register`."""
+    """Base class of every width score; subclasses register with ``@SCORES.register``."""
 
     name: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()
@@ -77,16 +87,6 @@ class WidthScore(abc.ABC):
         self.options = options
         self.n_batches = 0
         self._handles: list[Any] = []
-
-    @classmethod
-    def make_options(cls, options: dict[str, Any]) -> Any:
-        valid = [f.name for f in dataclasses.fields(cls.Options)]
-        bad = sorted(set(options) - set(valid))
-        if bad:
-            raise UnknownScoreError(
-                f"width score {cls.name!r} has no option(s) {bad}; valid options: {valid or 'none'}."
-            )
-        return cls.Options(**options)
 
     def structure(self, key: Key) -> Any:
         layer, kind = key
@@ -115,37 +115,6 @@ class WidthScore(abc.ABC):
         self._handles.append(handle)
 
 
-def register(cls: type[WidthScore]) -> type[WidthScore]:
-    """Class decorator: add a width score (and its aliases) to the registry."""
-    if not cls.name:
-        raise CBOError(f"{cls.__name__} has no name.")
-    _REGISTRY[cls.name] = cls
-    for alias in cls.aliases:
-        _ALIASES[alias] = cls.name
-    return cls
-
-
-def _load_builtin() -> None:
-    import cbo.width.scores  # noqa: F401  (importing the package registers the built-in scores)
-
-
-def names() -> list[str]:
-    """Registered width-score names (aliases excluded)."""
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def get(name: str) -> type[WidthScore]:
-    """The score class registered under ``name`` (or an alias)."""
-    _load_builtin()
-    key = _ALIASES.get(name, name)
-    if key not in _REGISTRY:
-        raise UnknownScoreError(
-            f"unknown width score {name!r}; registered: {sorted(_REGISTRY)} (aliases: {sorted(_ALIASES)})."
-        )
-    return _REGISTRY[key]
-
-
 def _batches(windows: Any, batch_size: int):
     for i in range(0, windows.shape[0], batch_size):
         yield windows[i : i + batch_size]
@@ -168,7 +137,7 @@ def score_units(
     Args:
         model: a Hugging Face causal LM (eval mode is used while scoring).
         windows: ``(B, T)`` int64 token windows of calibration text (not needed by ``magnitude``).
-        score: a registered score name (see :func:`names`): magnitude, taylor, afr, ntk, amp.
+        score: a registered score name (``SCORES.names()``): magnitude, taylor, afr, ntk, amp.
         kinds: which structures to score.
         gqa: grouped-query units, ``"group"`` (whole KV groups) or ``"query"`` (query heads).
         batch_size: windows per forward pass.
@@ -210,16 +179,16 @@ def score_variants(
     Example:
         >>> full, no_clip = score_variants(model, windows, "afr", [{}, {"clip": False}])   # doctest: +SKIP
     """
-    cls = get(score)
+    cls = SCORES.get(score)
     if not variants:
-        raise UnknownScoreError("score_variants needs at least one option set")
-    opts = [cls.make_options(dict(v)) for v in variants]
+        raise InvalidOptionError("score_variants needs at least one option set")
+    opts = [SCORES.make_options(cls, v) for v in variants]
     first = dataclasses.asdict(opts[0])
     for o in opts[1:]:
         changed = {k for k, v in dataclasses.asdict(o).items() if first[k] != v}
         fixed = sorted(changed - set(cls.finalize_options))
         if fixed:
-            raise UnknownScoreError(
+            raise InvalidOptionError(
                 f"variants of {cls.name!r} may differ only in {list(cls.finalize_options) or 'nothing'}; "
                 f"{fixed} change the calibration passes (score them separately)"
             )

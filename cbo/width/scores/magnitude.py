@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo.errors import CBOError
 from cbo.structures import gather_units
-from cbo.width.scores.base import Key, WidthScore, register
+from cbo.width.scores.base import Key, WidthScore, check_choice, register
 
 
 @register
@@ -23,10 +22,8 @@ class MagnitudeScore(WidthScore):
     class Options:
         norm: str = "l1"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.options.norm not in ("l1", "l2"):
-            raise CBOError(f"magnitude norm must be 'l1' or 'l2', got {self.options.norm!r}")
+        def validate(self) -> None:
+            check_choice("magnitude norm", self.norm, ("l1", "l2"))
 
     def finalize(self) -> dict[Key, object]:
         out = {}

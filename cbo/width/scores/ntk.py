@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo.errors import CBOError
+from cbo.errors import InvalidOptionError
 from cbo.structures import gather_units
-from cbo.width.scores.base import GradientScore, Key, lm_loss, register
+from cbo.width.scores.base import GradientScore, Key, check_choice, lm_loss, register
 
 OUTPUTS = ("seqmax", "vocabmax", "loss")
 
@@ -25,7 +25,7 @@ def output_summary(logits, output: str = "seqmax"):
         return logits.float().max(dim=1).values.mean()
     if output == "vocabmax":
         return logits.float().max(dim=-1).values.mean()
-    raise CBOError(f"unknown NTK output {output!r}; use one of {OUTPUTS}")
+    raise InvalidOptionError(f"NTK output summary must be 'seqmax' or 'vocabmax', got {output!r}")
 
 
 @register
@@ -40,10 +40,8 @@ class NTKScore(GradientScore):
     class Options:
         output: str = "seqmax"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.options.output not in OUTPUTS:
-            raise CBOError(f"unknown NTK output {self.options.output!r}; use one of {OUTPUTS}")
+        def validate(self) -> None:
+            check_choice("NTK output", self.output, OUTPUTS)
 
     def objective(self, batch):
         if self.options.output == "loss":

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo.errors import CBOError
 from cbo.structures import gather_units
-from cbo.width.scores.base import GradientScore, Key, lm_loss, register
+from cbo.width.scores.base import GradientScore, Key, check_choice, lm_loss, register
 
 
 @register
@@ -28,10 +27,8 @@ class TaylorScore(GradientScore):
     class Options:
         variant: str = "absolute"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.options.variant not in ("absolute", "signed"):
-            raise CBOError(f"taylor variant must be 'absolute' or 'signed', got {self.options.variant!r}")
+        def validate(self) -> None:
+            check_choice("taylor variant", self.variant, ("absolute", "signed"))
 
     def objective(self, batch):
         return lm_loss(self.model, batch)
