@@ -76,7 +76,7 @@ def sweep(
     quiet: bool = typer.Option(False, help="No progress bar or summary."),
 ) -> None:
     """Run solvers over a grid of instances, M and seeds; finished cells are kept, so a rerun resumes."""
-    from cbo.distributed.sweep import make_grid, results_table, run_sweep, write_table
+    from cbo.sweep import make_grid, results_table, run_sweep, write_table
 
     try:
         cells = make_grid(
