@@ -113,9 +113,7 @@ class AutoSolver(Solver):
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         if options.backend != "local":
-            out = run_solver(
-                "enumerate", problem, backend=options.backend, backend_options=options.backend_options
-            )
+            out = run_solver("enumerate", problem, backend=options.backend, backend_options=options.backend_options)
             reason = f"backend={options.backend!r} is a backend of the exact enumerator"
             return _recorded(out, "enumerate", reason, None, {})
         limited = problem.time_limit is not None

@@ -488,4 +488,3 @@ def closure(D, Qoff, kind, cap, size, pmin, pmax, r, keys, pool_E, pool_H, pool_
                             if pool_offer(pool_E, pool_H, pool_X, pool_done, en, h2, y2, -1, -1):
                                 thr = pool_E[_worst(pool_E)]
     return done
-

@@ -96,7 +96,6 @@ def suffix_bounds(F, row, e, T, s, rho, n, S, srow, hbuf):
             S[srow, j] = e + total
 
 
-
 @njit(cache=True)
 def bound_table(Q, rmax):
     """``T[s, rho, j] = ½·(sum of the rho−1 smallest Q_jk over k ≥ s, k ≠ j)`` for j ≥ s."""
@@ -122,7 +121,6 @@ def bound_table(Q, rmax):
             for rho in range(taken + 2, rmax + 1):
                 T[s, rho, j] = T[s, taken + 1, j] if taken + 1 <= rmax else 0.0
     return T
-
 
 
 @njit(cache=True, _nrt=False)
@@ -229,7 +227,6 @@ def relax_bound(rx, rw, F, row, c0, n, rho, target):
     return best
 
 
-
 def relaxation_shift(Q: np.ndarray) -> float:
     """The smallest λ with C + λI positive semidefinite on {Σy = 0} (C: Q without its diagonal), plus a
     margin for rounding. It may be negative (C already convex there): the bound is then tighter."""
@@ -245,7 +242,6 @@ def relaxation_shift(Q: np.ndarray) -> float:
     return -low + margin
 
 
-
 def relaxation_tables(Q: np.ndarray, r: int, shift: float | None, iters: int, min_states: float) -> tuple:
     """The convex relaxation's per-plan tuple ``rx``: (A = C + λI, λ/2 per block, which (remaining, to
     remove) nodes use it, iterations). With ``shift`` None the relaxation is off (no node uses it)."""
@@ -259,4 +255,3 @@ def relaxation_tables(Q: np.ndarray, r: int, shift: float | None, iters: int, mi
         for rho in range(2, min(r, m - 1) + 1):
             big[m, rho] = math.comb(m, rho) >= min_states
     return (np.ascontiguousarray(A), np.full(n, 0.5 * lam), big, np.int64(iters))
-

@@ -25,7 +25,6 @@ def _cnt2(m):
     return (m * (m - 1)) // 2
 
 
-
 @njit(cache=True)
 def pair_tables(Q):
     """The pair triangle: pairs (a, b), a < b, ordered so that the pairs with a ≥ s are the first
@@ -52,7 +51,6 @@ def pair_tables(Q):
         for k in range(_cnt2(n - c - 1)):
             W[o + k] = Q[c, pa[k]] + Q[c, pb[k]]
     return pa, pb, QP, W, woff
-
 
 
 # The search functions run without reference counting (``_nrt=False``: they allocate nothing), which
@@ -219,7 +217,9 @@ def _task_fast(
                 stats[2] += 1
                 return
     if n - s0 <= tw[2]:
-        tail_states(F, d0, e, s0, n, r - d0, tl, tw[0], tw[1], cur, d0, heap_e, heap_s, heap_n, thr, nth, tid, cap, stats)
+        tail_states(
+            F, d0, e, s0, n, r - d0, tl, tw[0], tw[1], cur, d0, heap_e, heap_s, heap_n, thr, nth, tid, cap, stats
+        )
         return
     if r == 3:
         _pair_energies(F, d0, s0, n, QP, PE3)
@@ -322,4 +322,3 @@ def batch_fused(
                 st[3] += 1
         for k in range(NSTATS):
             stats[tid, k] += st[k]
-

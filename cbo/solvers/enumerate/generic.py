@@ -167,4 +167,3 @@ def batch_generic(
                 st[3] += 1
         for k in range(NSTATS):
             stats[tid, k] += st[k]
-

@@ -265,6 +265,7 @@ def emulator_source(n: int, m: int) -> str:
     """The same kernel as C++ for the CPU emulator (each lane a thread, warps meet at barriers)."""
     return kernel_defines(n, m) + EMULATOR_PRELUDE + KERNEL_SOURCE + EMULATOR_ENTRY
 
+
 def binomial_table(a_max: int, m: int) -> np.ndarray:
     """(a_max+1, m+1) uint64 table of C(a, b); entries above 2**64 − 1 (never read) are clamped."""
     T = np.zeros((a_max + 1, m + 1), dtype=np.uint64)
@@ -273,7 +274,6 @@ def binomial_table(a_max: int, m: int) -> np.ndarray:
         for b in range(m + 1):
             T[a, b] = min(math.comb(a, b), cap)
     return T
-
 
 
 class EmulatedDevice:
@@ -341,4 +341,3 @@ def emulator_library(n: int, m: int) -> Any:
             raise SolverError(f"compiling the kernel emulator failed:\n{proc.stderr[-2000:]}")
         tmp.replace(lib)
     return ctypes.CDLL(str(lib))
-

@@ -118,4 +118,3 @@ def heap_push(heap_e, heap_s, heap_n, thr, tid, e, cur):
         heap_s[tid, i, q] = cur[q]
     if nh == K:
         store_shared(thr, tid * PAD, heap_e[tid, 0])
-

@@ -80,9 +80,7 @@ class SearchOptions:
             if isinstance(self.threads, bool) or not isinstance(self.threads, (int, np.integer)):
                 raise SolverOptionError(f"threads must be an integer in 1..{limit}, got {self.threads!r}.")
             if not 1 <= self.threads <= limit:
-                raise SolverOptionError(
-                    f"threads={self.threads} is out of range; use 1..{limit} (NUMBA_NUM_THREADS)."
-                )
+                raise SolverOptionError(f"threads={self.threads} is out of range; use 1..{limit} (NUMBA_NUM_THREADS).")
         if self.order not in ORDERS:
             raise SolverOptionError(f"order={self.order!r} is not valid; use one of {list(ORDERS)}.")
         if self.warm_start is not None and not (

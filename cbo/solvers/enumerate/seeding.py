@@ -174,7 +174,6 @@ def seed_threshold(Q, r, K):
     return vals[K - 1], best
 
 
-
 def seed_states(Q: np.ndarray, best: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
     """The K best of the heuristic's local optimum and its single-swap neighbours: (energies, positions)."""
     S = np.flatnonzero(best)
@@ -195,4 +194,3 @@ def seed_states(Q: np.ndarray, best: np.ndarray, K: int) -> tuple[np.ndarray, np
     energies = np.asarray(energies)
     order = np.argsort(energies, kind="stable")[:K]
     return energies[order], np.asarray(states, dtype=np.int32)[order]
-

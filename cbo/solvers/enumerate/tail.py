@@ -125,4 +125,3 @@ def tail_states(F, row, e, s, n, rho, tl, SFb, gb, cur, L, heap_e, heap_s, heap_
                     t = shared_threshold(thr, nth, cap)
                     lim = t - base
     stats[1] += states
-
