@@ -132,6 +132,35 @@ def default_temperatures(problem: Problem, seed: int) -> tuple[float, float]:
     return med / math.log(2.0), 0.01 * med
 
 
+@dataclass
+class SwapOptions:
+    """Settings both swap solvers have (each solver's ``Options`` extend them and set their defaults).
+
+    Attributes:
+        restarts: maximum number of restarts.
+        patience: stop once this many restarts in a row leave the top-k unchanged (0: never).
+        pool: size of the kept best-state pool (default max(2k, k + 20)).
+        closure: 2 (default) scans the single- and double-swap neighbourhood of every kept
+            state until the pool is stable; 1 single swaps only; 0 off.
+    """
+
+    restarts: int = 100
+    patience: int = 16
+    pool: int | None = None
+    closure: int = 2
+
+    def validate(self) -> None:
+        _check_counts(self, ("restarts",))
+        if not _is_count(self.patience, 0):
+            raise SolverOptionError(f"option 'patience' must be an integer >= 0, got {self.patience!r}.")
+        if self.pool is not None and not _is_count(self.pool, 1):
+            raise SolverOptionError(f"pool must be an integer >= k, got {self.pool!r}.")
+        if isinstance(self.closure, bool):
+            self.closure = 2 if self.closure else 0
+        if not isinstance(self.closure, (int, np.integer)) or self.closure not in (0, 1, 2):
+            raise SolverOptionError(f"closure must be 0, 1 or 2, got {self.closure!r}.")
+
+
 class _SwapSolver(Solver):
     """The run both swap solvers share: restarts (``search``), then the closure of the pool."""
 
@@ -174,31 +203,25 @@ class SwapAnnealer(_SwapSolver):
     counters = ("proposals", "accepted")
 
     @dataclass
-    class Options:
-        """Settings of the swap annealer.
+    class Options(SwapOptions):
+        """Settings of the swap annealer (and those of :class:`SwapOptions`).
 
         Attributes:
             sweeps: sweeps per restart (a sweep proposes n_free swaps).
-            restarts: maximum number of restarts.
-            patience: stop once this many restarts in a row leave the top-k unchanged (0: never).
             replicas: 1 for annealing; >1 for parallel tempering over that many temperatures.
             t_hot / t_cold: temperature range; None derives it from random swap energy changes.
-            pool: size of the kept best-state pool (default max(2k, k + 20)).
-            closure: 2 (default) scans the single- and double-swap neighbourhood of every kept
-                state until the pool is stable; 1 single swaps only; 0 off.
         """
 
-        sweeps: int = 300
         restarts: int = 200
         patience: int = 24
+        sweeps: int = 300
         replicas: int = 1
         t_hot: float | None = None
         t_cold: float | None = None
-        pool: int | None = None
-        closure: int = 2
 
         def validate(self) -> None:
-            _check_counts(self, ("sweeps", "restarts", "replicas"))
+            super().validate()
+            _check_counts(self, ("sweeps", "replicas"))
             for t in (self.t_hot, self.t_cold):
                 if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
                     raise SolverOptionError(
@@ -227,31 +250,23 @@ class SwapTabu(_SwapSolver):
     counters = ("evaluated", "moves")
 
     @dataclass
-    class Options:
-        """Settings of the swap tabu search.
+    class Options(SwapOptions):
+        """Settings of the swap tabu search (and those of :class:`SwapOptions`).
 
         Attributes:
             iterations: moves per restart.
-            restarts: maximum number of restarts.
-            patience: stop once this many restarts in a row leave the top-k unchanged (0: never).
             tenure: iterations a moved block stays tabu (default max(2, min(M, n−M) // 4)).
-            pool: size of the kept best-state pool (default max(2k, k + 20)).
-            closure: 2 (default) scans the single- and double-swap neighbourhood of every kept
-                state until the pool is stable; 1 single swaps only; 0 off.
         """
 
-        iterations: int = 400
         restarts: int = 100
         patience: int = 16
+        iterations: int = 400
         tenure: int | None = None
-        pool: int | None = None
-        closure: int = 2
 
         def validate(self) -> None:
-            _check_counts(self, ("iterations", "restarts"))
-            if self.tenure is not None and (
-                isinstance(self.tenure, bool) or not isinstance(self.tenure, (int, np.integer)) or self.tenure < 0
-            ):
+            super().validate()
+            _check_counts(self, ("iterations",))
+            if self.tenure is not None and not _is_count(self.tenure, 0):
                 raise SolverOptionError(f"tenure must be an integer >= 0, got {self.tenure!r}.")
 
     def settings(self, problem: Problem, options: Options) -> dict[str, Any]:
@@ -274,19 +289,12 @@ def _pool_size(pool: int | None, k: int) -> int:
     return int(pool)
 
 
-def _check_counts(options: Any, positive: tuple[str, ...]) -> None:
-    """The options every swap solver shares, and its own counts that must be >= 1."""
-    for name in positive:
+def _is_count(v: Any, low: int) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= low
+
+
+def _check_counts(options: Any, names: tuple[str, ...]) -> None:
+    for name in names:
         v = getattr(options, name)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        if not _is_count(v, 1):
             raise SolverOptionError(f"option {name!r} must be an integer >= 1, got {v!r}.")
-    patience = options.patience
-    if isinstance(patience, bool) or not isinstance(patience, (int, np.integer)) or patience < 0:
-        raise SolverOptionError(f"option 'patience' must be an integer >= 0, got {patience!r}.")
-    pool = options.pool
-    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1):
-        raise SolverOptionError(f"pool must be an integer >= k, got {pool!r}.")
-    if isinstance(options.closure, bool):
-        options.closure = 2 if options.closure else 0
-    if not isinstance(options.closure, (int, np.integer)) or options.closure not in (0, 1, 2):
-        raise SolverOptionError(f"closure must be 0, 1 or 2, got {options.closure!r}.")
