@@ -130,6 +130,10 @@ class PenaltySolver(Solver):
 
     def run(self, problem: Problem, options: Any) -> SolverOutput:
         mode = parse_penalty(options.penalty, self.default_adaptive)
+        if problem.n_free == 0:
+            # keep and force fix every block: the BQM has no variable left and some samplers return no sample
+            info = {"penalty_mode": mode if isinstance(mode, str) else "fixed", "num_reads": 0}
+            return SolverOutput(problem.expand(np.zeros((1, 0))), exact=False, info={**info, "feasible_fraction": 1.0})
         safe = reduced_safe_penalty(problem)
         lam = safe if mode in ("safe", "adaptive") else float(mode)
         threshold = float(options.feasible_threshold)

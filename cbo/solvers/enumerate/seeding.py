@@ -68,7 +68,7 @@ def seeds_from_positions(Q: np.ndarray, positions: np.ndarray, K: int) -> Seeds:
 
 def merge_seeds(first: Seeds, second: Seeds, K: int) -> Seeds:
     """The K best distinct states of both (``first``'s energy kept for a state in both), and the smaller
-    of the thresholds they prove (theirs, or the K-th of the merged states)."""
+    of the thresholds they prove (theirs, or the K-th of the merged states); both must be for this K."""
     r = first.positions.shape[1] if first.positions.ndim == 2 else second.positions.shape[1]
     E = np.concatenate([first.energies, second.energies])
     S = np.concatenate([first.positions.reshape(-1, r), second.positions.reshape(-1, r)]).astype(np.int32)

@@ -33,15 +33,16 @@ def test_given_states_seed_the_threshold_and_the_result_stays_exact(kind):
 
 
 def test_seeds_tighten_the_search():
-    q = make_instance("block", 16, 1)
-    M, k = 7, 5
-    X, E = brute_force_topk(q, M, k)
+    q = make_instance("block", 24, 1)
+    M, k = 8, 10
     problem = Problem(q, M, k, 0, None)
-    _, plain = _solve_plan(plan_enumeration(problem, SearchOptions(seed_heuristic=False)))
-    plan = plan_enumeration(problem, SearchOptions(seed_heuristic=False), seeds=X)
+    settings = SearchOptions(seed_heuristic=False, tail=0, relaxation=False)  # the per-row bound alone
+    plain_plan = plan_enumeration(problem, settings)
+    (plain_energies, plain_positions), plain = _solve_plan(plain_plan)
+    plan = plan_enumeration(problem, settings, seeds=plain_plan.states(plain_positions))
     (energies, _), seeded = _solve_plan(plan)
-    np.testing.assert_allclose(energies + plan.const, E, rtol=1e-12, atol=1e-9)
-    assert seeded.nodes < plain.nodes
+    np.testing.assert_allclose(energies, plain_energies, rtol=1e-12, atol=1e-12)
+    assert seeded.states < plain.states  # the threshold starts at the true K-th best
 
 
 def test_infeasible_and_repeated_given_states_are_ignored():
@@ -74,5 +75,12 @@ def test_seed_energies_and_threshold_by_hand():
     np.testing.assert_allclose(s.energies, [6.0, 6.0])
     assert s.threshold == 6.0 and s.positions.tolist() == [[0, 1], [0, 2]]
     assert seeds_from_positions(Q, np.array([[1, 2]]), K=2).threshold == np.inf
-    merged = merge_seeds(Seeds(np.array([7.0]), np.array([[1, 2]], dtype=np.int32), np.inf), s, K=3)
+    # merging seeds built for the same K: the K best distinct states and the threshold they prove
+    one = seeds_from_positions(Q, np.array([[1, 2]]), K=3)
+    two = seeds_from_positions(Q, np.array([[0, 1], [0, 2]]), K=3)
+    assert one.threshold == two.threshold == np.inf
+    merged = merge_seeds(one, two, K=3)
     assert merged.energies.tolist() == [6.0, 6.0, 7.0] and merged.threshold == 7.0
+    assert merged.positions.tolist() == [[0, 1], [0, 2], [1, 2]]
+    alone = merge_seeds(Seeds.empty(2), two, K=3)
+    assert alone.energies.tolist() == [6.0, 6.0] and alone.threshold == np.inf
