@@ -16,7 +16,15 @@ import numpy as np
 from numba import njit, prange
 
 from cbo.solvers.enumerate.bounds import relax_bound, suffix_bounds
-from cbo.solvers.enumerate.heap import FASTMATH, NSTATS, fetch_add, heap_push, load_shared, shared_threshold
+from cbo.solvers.enumerate.heap import (
+    FASTMATH,
+    add_stats,
+    heap_push,
+    load_shared,
+    next_task,
+    shared_threshold,
+    thread_arrays,
+)
 from cbo.solvers.enumerate.tail import tail_states
 
 
@@ -298,21 +306,14 @@ def batch_fused(
     npairs = _cnt2(n)
     for slot in prange(nth):
         tid = np.int64(slot)  # prange indices are unsigned in the parallel lowering: one callee signature
-        F = np.empty((r + 1, n))
-        E = np.empty(r + 1)
-        S = np.empty((r + 1, n))
-        pos = np.empty(r + 1, dtype=np.int64)
-        cur = np.empty(r, dtype=np.int32)
+        F, E, S, pos, cur, hbuf, st, rw = thread_arrays(r, n)
         PE4 = np.empty(max(npairs, 1))
         PE3 = np.empty(max(npairs, 1))
-        hbuf = np.empty(r + 1)
-        st = np.zeros(NSTATS, dtype=np.int64)
-        rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
         window = tl[3].shape[0] - 2
         tw = (np.zeros(max(tl[2][window + 1], 1)), np.zeros(max(window, 1)), window)
-        while load_shared(stop, 0) == 0:
-            i = lo + fetch_add(counter, 0, 1)
-            if i >= hi:
+        while True:
+            i = next_task(stop, counter, lo, hi)
+            if i < 0:
                 break
             _task_fast(
                 Q, T, QP, W, woff, pa, pb, r, tasks[i], use_bound, heap_e, heap_s, heap_n, thr, nth, tid, cap, slack,
@@ -320,5 +321,4 @@ def batch_fused(
             )  # fmt: skip
             if load_shared(stop, 0) == 0:
                 st[3] += 1
-        for k in range(NSTATS):
-            stats[tid, k] += st[k]
+        add_stats(stats, tid, st)

@@ -11,7 +11,15 @@ import numpy as np
 from numba import njit, prange
 
 from cbo.solvers.enumerate.bounds import relax_bound, suffix_bounds
-from cbo.solvers.enumerate.heap import FASTMATH, NSTATS, fetch_add, heap_push, load_shared, shared_threshold
+from cbo.solvers.enumerate.heap import (
+    FASTMATH,
+    add_stats,
+    heap_push,
+    load_shared,
+    next_task,
+    shared_threshold,
+    thread_arrays,
+)
 
 
 @njit(cache=True, _nrt=False)
@@ -145,19 +153,12 @@ def batch_generic(
     nk = capk.shape[0]
     for slot in prange(nth):
         tid = np.int64(slot)  # prange indices are unsigned in the parallel lowering: one callee signature
-        F = np.empty((r + 1, n))
-        E = np.empty(r + 1)
-        S = np.empty((r + 1, n))
-        pos = np.empty(r + 1, dtype=np.int64)
-        cur = np.empty(r, dtype=np.int32)
+        F, E, S, pos, cur, hbuf, st, rw = thread_arrays(r, n)
         cnt = np.zeros((r + 1, nk), dtype=np.int64)
         P = np.zeros(r + 1, dtype=np.int64)
-        hbuf = np.empty(r + 1)
-        st = np.zeros(NSTATS, dtype=np.int64)
-        rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
-        while load_shared(stop, 0) == 0:
-            i = lo + fetch_add(counter, 0, 1)
-            if i >= hi:
+        while True:
+            i = next_task(stop, counter, lo, hi)
+            if i < 0:
                 break
             _task_generic(
                 Q, T, r, tasks[i], use_bound, side, kind, capk, size, pmin, pmax, minsum, maxsum, avail, heap_e,
@@ -165,5 +166,4 @@ def batch_generic(
             )  # fmt: skip
             if load_shared(stop, 0) == 0:
                 st[3] += 1
-        for k in range(NSTATS):
-            stats[tid, k] += st[k]
+        add_stats(stats, tid, st)

@@ -8,6 +8,7 @@ loads, and take tasks from a shared atomic counter.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -118,3 +119,35 @@ def heap_push(heap_e, heap_s, heap_n, thr, tid, e, cur):
         heap_s[tid, i, q] = cur[q]
     if nh == K:
         store_shared(thr, tid * PAD, heap_e[tid, 0])
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def next_task(stop, counter, lo, hi):
+    """The index of this thread's next task in [lo, hi), or -1 once all are taken or the search is stopped."""
+    if load_shared(stop, 0) != 0:
+        return -1
+    i = lo + fetch_add(counter, 0, 1)
+    return i if i < hi else -1
+
+
+@njit(cache=True, inline="always")
+def thread_arrays(r, n):
+    """One thread's work arrays: fields ``F`` and energies ``E`` per level, suffix bounds ``S``, child
+    positions ``pos``, the current prefix ``cur``, a bound heap ``hbuf``, statistics ``st`` and the
+    relaxation's scratch ``rw``."""
+    F = np.empty((r + 1, n))
+    E = np.empty(r + 1)
+    S = np.empty((r + 1, n))
+    pos = np.empty(r + 1, dtype=np.int64)
+    cur = np.empty(r, dtype=np.int32)
+    hbuf = np.empty(r + 1)
+    st = np.zeros(NSTATS, dtype=np.int64)
+    rw = (np.zeros((5, n)), np.zeros(r + 1, dtype=np.int64), np.zeros(r + 1))
+    return F, E, S, pos, cur, hbuf, st, rw
+
+
+@njit(cache=True, inline="always", _nrt=False)
+def add_stats(stats, tid, st):
+    """Add one thread's statistics to its row of the shared table."""
+    for k in range(NSTATS):
+        stats[tid, k] += st[k]
