@@ -16,7 +16,8 @@ Modules:
 * :mod:`.seeding` — states known in advance and the pruning threshold they prove.
 * :mod:`.bounds` — the lower bounds (per-row, convex relaxation) and their interface.
 * numba kernels: :mod:`.fused` (no caps/budget, r ≥ 3), :mod:`.generic` (caps, budget, small r),
-  :mod:`.tail` (flat enumeration of the last blocks), :mod:`.heap` (per-thread heaps, shared threshold).
+  :mod:`.tail` (flat enumeration of the last blocks), :mod:`.heap` (per-thread heaps, shared threshold),
+  :mod:`.threads` (atomics, task hand-out, work arrays).
 
 Example:
     >>> import numpy as np, cbo

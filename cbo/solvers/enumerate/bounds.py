@@ -52,7 +52,7 @@ import math
 import numpy as np
 from numba import njit
 
-from cbo.solvers.enumerate.heap import FASTMATH
+from cbo.solvers.enumerate.threads import FASTMATH
 
 
 @njit(cache=True, _nrt=False)

@@ -11,15 +11,8 @@ import numpy as np
 from numba import njit, prange
 
 from cbo.solvers.enumerate.bounds import relax_bound, suffix_bounds
-from cbo.solvers.enumerate.heap import (
-    FASTMATH,
-    add_stats,
-    heap_push,
-    load_shared,
-    next_task,
-    shared_threshold,
-    thread_arrays,
-)
+from cbo.solvers.enumerate.heap import heap_push, shared_threshold
+from cbo.solvers.enumerate.threads import FASTMATH, add_stats, load_shared, next_task, thread_arrays
 
 
 @njit(cache=True, _nrt=False)

@@ -1,10 +1,10 @@
 """Keeps numba's on-disk cache of the enumeration kernels consistent across their modules.
 
 numba keys a cached kernel on the source file of the function itself: a kernel that calls a function
-of another file (every kernel here calls :mod:`heap`, most call :mod:`bounds`) would keep its cached
-machine code, with the old callee compiled in, after that other file changed. So a digest of all kernel
-sources is kept beside the cache, and when it differs the cached kernels of every module listed here
-are deleted (they compile again on first use).
+of another file (every kernel here calls :mod:`threads` and :mod:`heap`, most call :mod:`bounds`) would
+keep its cached machine code, with the old callee compiled in, after that other file changed. So a digest
+of all kernel sources is kept beside the cache, and when it differs the cached kernels of every module
+listed here are deleted (they compile again on first use).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 #: Modules of this package whose numba functions call each other.
-KERNEL_MODULES = ("heap", "bounds", "tail", "fused", "generic", "seeding")
+KERNEL_MODULES = ("threads", "heap", "bounds", "tail", "fused", "generic", "seeding")
 _STAMP = "kernels.sha256"
 
 

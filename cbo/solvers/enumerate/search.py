@@ -2,10 +2,11 @@
 
 Tasks are handed out to the threads dynamically (an atomic counter); every thread keeps its own max-heap
 of K states, and the pruning threshold is the smallest K-th best over all threads or the plan's seeded cap
-(:mod:`cbo.solvers.enumerate.heap`). The search runs in a worker thread (the kernels release the GIL)
-while the caller watches the time limit and Ctrl-C; either sets a flag that every thread checks at each
-node, and the best states found so far come back marked inexact. Without caps or a parameter budget and
-for r >= 3 the fused kernel runs (:mod:`cbo.solvers.enumerate.fused`), else the generic one.
+(:mod:`cbo.solvers.enumerate.heap`, :mod:`cbo.solvers.enumerate.threads`). The search runs in a worker
+thread (the kernels release the GIL) while the caller watches the time limit and Ctrl-C; either sets a
+flag that every thread checks at each node, and the best states found so far come back marked inexact.
+Without caps or a parameter budget and for r >= 3 the fused kernel runs
+(:mod:`cbo.solvers.enumerate.fused`), else the generic one.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import numpy as np
 from cbo.errors import SolverError
 from cbo.solvers.enumerate.fused import batch_fused
 from cbo.solvers.enumerate.generic import batch_generic
-from cbo.solvers.enumerate.heap import NSTATS, PAD
 from cbo.solvers.enumerate.plan import EnumerationPlan
+from cbo.solvers.enumerate.threads import NSTATS, PAD
 
 # How often the caller checks the time limit while the search runs in its worker thread.
 POLL_SECONDS = 0.02

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from cbo.solvers.enumerate.heap import FASTMATH, heap_push, shared_threshold
+from cbo.solvers.enumerate.heap import heap_push, shared_threshold
+from cbo.solvers.enumerate.threads import FASTMATH
 
 
 @njit(cache=True)
