@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
@@ -97,7 +98,7 @@ def sweep(
         rows = results_table(records)
         path = write_table(rows, table or out.with_suffix(".csv"))
     except CBOError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if quiet:
         return

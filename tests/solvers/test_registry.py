@@ -105,3 +105,19 @@ def test_built_in_solvers_load_on_first_lookup():
         "assert 'cbo.solvers.swap' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_cbo_solvers_lists_every_solver_and_names_the_extra_to_install(monkeypatch):
+    from typer.testing import CliRunner
+
+    import cbo.cli.qubo_cmds  # noqa: F401  (the command modules register on the app when imported)
+    import cbo.cli.sweep_cmds  # noqa: F401
+    from cbo.cli import app
+
+    real = base.has_module
+    monkeypatch.setattr(base, "has_module", lambda module: module != "ortools" and real(module))
+    result = CliRunner().invoke(app, ["solvers"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name in names():
+        assert name in result.output
+    assert "pip install 'cbo[cpsat]'" in result.output  # not eaten as console markup
