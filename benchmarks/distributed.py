@@ -25,10 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cbo.distributed import RayBackend, init_ray, shutdown
-from cbo.distributed.ray_enumerate import release_workers
 from cbo.instances import random_block_qubo
 from cbo.solvers import solve
+from cbo.solvers.enumerate.ray import RayBackend, init_ray, release_workers, shutdown
 
 
 def timed(fn):

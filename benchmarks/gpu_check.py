@@ -78,7 +78,7 @@ def environment() -> bool:
         return False
     REPORT.update(info)
     say(f"CuPy {cp.__version__}; " + ", ".join(f"{k}={v}" for k, v in info.items()))
-    from cbo.solvers.enumerate_gpu import EnumerateGPU
+    from cbo.solvers.enumerate.gpu import EnumerateGPU
 
     ok, reason = EnumerateGPU.availability()
     say(f"enumerate-gpu availability: {ok} ({reason})")
@@ -173,7 +173,7 @@ def throughput() -> None:
     from cbo import solve
     from cbo.instances import random_block_qubo
     from cbo.solvers.base import Problem
-    from cbo.solvers.enumerate_gpu import EnumerateGPU, enumerate_on_device
+    from cbo.solvers.enumerate.gpu import EnumerateGPU, enumerate_on_device
 
     q = random_block_qubo(80, 0)
     states = math.comb(80, 8)

@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
@@ -35,7 +36,7 @@ def parse_blocks(spec: Optional[str]) -> list[int | str]:
 
 
 def fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages name extras like cbo[gpu]
     raise typer.Exit(2)
 
 
@@ -133,7 +134,7 @@ def solvers() -> None:
             name,
             "[green]yes[/]" if a.ok else "[red]no[/]",
             "yes" if a.exact else "no",
-            a.description if a.ok else a.reason,
+            escape(a.description if a.ok else a.reason),
         )
     console.print(table)
 

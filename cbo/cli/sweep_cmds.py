@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
@@ -76,7 +77,7 @@ def sweep(
     quiet: bool = typer.Option(False, help="No progress bar or summary."),
 ) -> None:
     """Run solvers over a grid of instances, M and seeds; finished cells are kept, so a rerun resumes."""
-    from cbo.distributed.sweep import make_grid, results_table, run_sweep, write_table
+    from cbo.sweep import make_grid, results_table, run_sweep, write_table
 
     try:
         cells = make_grid(
@@ -97,7 +98,7 @@ def sweep(
         rows = results_table(records)
         path = write_table(rows, table or out.with_suffix(".csv"))
     except CBOError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if quiet:
         return

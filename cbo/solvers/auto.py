@@ -11,7 +11,8 @@ best-known top-10 (recall 0.3–0.8 over seeds); with a 3x longer schedule (1000
 states merged in, the top-10 was found on all six seeds tried, in about 2 s (``benchmarks/solvers.py``
 measures it).
 The choice and the reason are recorded in ``info["auto_choice"]`` / ``info["auto_reason"]``, and
-the result's solver name reads e.g. ``"auto→enumerate"``.
+the result's solver name reads e.g. ``"auto→enumerate"``. A ``backend`` other than ``"local"`` (Ray, the
+GPU) is a backend of the exact enumerator: auto then runs the enumerator on it.
 
 Between the two, when full enumeration would take up to ``ATTEMPT_FACTOR`` times the budget, the
 CPU enumerator (whose lower bound often prunes most of the space at small M) is tried for the
@@ -23,12 +24,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from cbo.errors import SolverError
-from cbo.solvers.base import Problem, Solver, SolverOutput, get, register
+from cbo.errors import SolverOptionError
+from cbo.solvers.base import Problem, Solver, SolverOutput, get, register, run_solver
 
 GPU_RATE = 2e10
 CPU_RATE_PER_THREAD = 1e9
@@ -82,11 +83,7 @@ class AutoSolver(Solver):
     """Pick exact enumeration (GPU if usable) when it fits the time budget, else swap-sa + swap-tabu."""
 
     name = "auto"
-    aliases = ()
-    exact = False
     description = "exact enumeration when it fits the time budget (GPU if available), else swap-sa + swap-tabu"
-    battery_options: ClassVar[dict] = {}
-    battery_max_n: ClassVar[int] = 16
 
     @dataclass
     class Options:
@@ -95,14 +92,30 @@ class AutoSolver(Solver):
         Attributes:
             budget: seconds enumeration may take when ``solve`` gets no time_limit.
             use_gpu: consider the GPU enumerator.
+            backend / backend_options: passed to the exact enumerator; any backend but ``"local"``
+                (e.g. ``"ray"``) makes auto run the enumerator there.
         """
 
         budget: float = 10.0
         use_gpu: bool = True
+        backend: Any = "local"
+        backend_options: dict[str, Any] | None = None
+
+        def validate(self) -> None:
+            if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not self.budget > 0:
+                raise SolverOptionError(f"budget must be > 0 seconds, got {self.budget!r}.")
+            if self.backend != "local" or self.backend_options is not None:
+                # the enumerator checks (and normalizes) its backend settings before any work starts
+                checked = get("enumerate").make_options(
+                    {"backend": self.backend, "backend_options": self.backend_options}
+                )
+                self.backend, self.backend_options = checked.backend, checked.backend_options
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
-        if not (options.budget and options.budget > 0):
-            raise SolverError(f"budget must be > 0 seconds, got {options.budget!r}.")
+        if options.backend != "local":
+            out = run_solver("enumerate", problem, backend=options.backend, backend_options=options.backend_options)
+            reason = f"backend={options.backend!r} is a backend of the exact enumerator"
+            return _recorded(out, "enumerate", reason, None, {})
         limited = problem.time_limit is not None
         budget = problem.time_left() if limited else float(options.budget)
         choice, reason, est = plan_choice(problem, budget, bool(options.use_gpu))
@@ -110,7 +123,7 @@ class AutoSolver(Solver):
         if choice == "attempt":
             # leave part of a user time limit for the fallback
             sub = replace(problem, time_limit=problem.elapsed() + (0.7 * budget if limited else budget))
-            out = _run("enumerate", sub)
+            out = run_solver("enumerate", sub)
             extra["auto_attempt_seconds"] = sub.elapsed()
             if out.exact:
                 choice, reason = "enumerate", reason + f"; it finished in {sub.elapsed():.3g} s (exact)"
@@ -130,15 +143,20 @@ class AutoSolver(Solver):
                 choice, reason = HEURISTIC, f"{choice} became unavailable; heuristic"
                 out = _heuristic(problem)
             else:
-                out = _run(choice, problem)
-        info: dict[str, Any] = dict(out.info)
-        inner = info.pop("solver_name", choice)
-        info.update(extra)
-        info["auto_choice"] = choice
-        info["auto_reason"] = reason
-        info["auto_estimate_seconds"] = est
-        info["solver_name"] = f"auto→{inner}"
-        return SolverOutput(out.candidates, exact=out.exact, info=info)
+                out = run_solver(choice, problem)
+        return _recorded(out, choice, reason, est, extra)
+
+
+def _recorded(out: SolverOutput, choice: str, reason: str, est: float | None, extra: dict[str, Any]) -> SolverOutput:
+    """The chosen solver's output with the choice, its reason and the estimate in the info."""
+    info: dict[str, Any] = dict(out.info)
+    inner = info.pop("solver_name", choice)
+    info.update(extra)
+    info["auto_choice"] = choice
+    info["auto_reason"] = reason
+    info["auto_estimate_seconds"] = est
+    info["solver_name"] = f"auto→{inner}"
+    return SolverOutput(out.candidates, exact=out.exact, info=info)
 
 
 def _heuristic(problem: Problem) -> SolverOutput:
@@ -146,12 +164,7 @@ def _heuristic(problem: Problem) -> SolverOutput:
     first = problem
     if problem.time_limit is not None:
         first = replace(problem, time_limit=problem.elapsed() + 0.5 * problem.time_left())
-    sa = _run("swap-sa", first, **HEURISTIC_OPTIONS["swap-sa"])
-    tabu = _run("swap-tabu", problem, **HEURISTIC_OPTIONS["swap-tabu"])
+    sa = run_solver("swap-sa", first, **HEURISTIC_OPTIONS["swap-sa"])
+    tabu = run_solver("swap-tabu", problem, **HEURISTIC_OPTIONS["swap-tabu"])
     info = {**sa.info, "swap_tabu_info": tabu.info, "solver_name": HEURISTIC}
     return SolverOutput(np.concatenate([sa.candidates, tabu.candidates]), exact=False, info=info)
-
-
-def _run(name: str, problem: Problem, **options: Any) -> SolverOutput:
-    cls = get(name)
-    return cls().run(problem, cls.make_options(options))

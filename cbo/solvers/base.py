@@ -1,26 +1,36 @@
-"""The solver interface, the registry and ``solve()``.
+"""The solver interface, the solver registry and ``solve()``.
 
 A solver is a small class: a name, whether its answers are proven (``exact``), an ``Options``
-dataclass of its settings, an ``availability()`` check, and ``run(problem, options)`` that returns
-candidate states. ``solve()`` validates the input, reduces the constraints into a :class:`Problem`,
-times the run and turns candidates into :class:`RankedStates` with exactly recomputed energies.
+dataclass of its settings (with an optional ``validate()``), the modules it needs (``requires``, checked
+by ``availability()``), and ``run(problem, options)`` that returns candidate states. ``solve()`` validates
+the input, reduces the constraints into a :class:`Problem`, times the run and turns candidates into
+:class:`RankedStates` with exactly recomputed energies.
+
+The registry is a :class:`cbo.registry.Registry`; the built-in solvers are listed by module name and
+imported on the first lookup, so this module imports none of them.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from cbo.errors import InvalidQUBOError, SolverError, SolverUnavailableError, UnknownSolverError
+from cbo.errors import (
+    InvalidQUBOError,
+    SolverError,
+    SolverOptionError,
+    SolverUnavailableError,
+    UnknownSolverError,
+)
+from cbo.extras import has_module, install_command
 from cbo.qubo import BlockQUBO
+from cbo.registry import Registry
 from cbo.states import RankedStates
-
-_REGISTRY: dict[str, type[Solver]] = {}
-_ALIASES: dict[str, str] = {}
 
 
 @dataclass
@@ -117,15 +127,20 @@ class Availability:
         return self.ok
 
 
-class Solver:
-    """Base class of every solver; subclasses register with :func:`register`."""
+class Solver(abc.ABC):
+    """Base class of every solver; subclasses register with :func:`register`.
+
+    Class attributes: ``name`` (the registry name), ``aliases``, ``exact`` (answers are the proven
+    top-K), ``description`` (one line for ``cbo solvers``), ``requires`` (importable modules the
+    solver needs; :mod:`cbo.extras` names the extra that installs each), and ``Options``, a dataclass
+    of its settings whose optional ``validate()`` raises :class:`SolverOptionError` on bad values.
+    """
 
     name: ClassVar[str] = ""
     aliases: ClassVar[tuple[str, ...]] = ()
     exact: ClassVar[bool] = False
     description: ClassVar[str] = ""
-    battery_options: ClassVar[dict] = {}  # options tests/solvers/test_battery.py passes to this solver
-    battery_max_n: ClassVar[int] = 16  # largest instance the shared test battery gives this solver
+    requires: ClassVar[tuple[str, ...]] = ()
 
     @dataclass
     class Options:
@@ -133,54 +148,61 @@ class Solver:
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
-        """(usable, reason); override when the solver needs an extra or hardware."""
+        """(usable, reason): every module of ``requires`` importable; override for hardware checks."""
+        missing = [m for m in cls.requires if not has_module(m)]
+        if missing:
+            return False, f"{', '.join(missing)} not installed; install with: {install_command(missing[0])}"
         return True, "ok"
 
     @classmethod
-    def make_options(cls, options: dict[str, Any]) -> Any:
-        valid = [f.name for f in dataclasses.fields(cls.Options)]
-        bad = sorted(set(options) - set(valid))
-        if bad:
-            raise SolverError(f"solver {cls.name!r} has no option(s) {bad}; valid options: {valid or 'none'}.")
-        return cls.Options(**options)
+    def make_options(cls, options: dict[str, Any] | None = None) -> Any:
+        """This solver's ``Options`` from a dict, checked (unknown names and bad values raise)."""
+        return REGISTRY.make_options(cls, options)
 
-    def run(self, problem: Problem, options: Any) -> SolverOutput:  # pragma: no cover - abstract
-        raise NotImplementedError  # abstract
+    @abc.abstractmethod
+    def run(self, problem: Problem, options: Any) -> SolverOutput:
+        """Candidate states for ``problem`` (``solve()`` filters, deduplicates and re-scores them)."""
+
+
+REGISTRY: Registry[type[Solver]] = Registry(
+    "solver",
+    error=UnknownSolverError,
+    option_error=SolverOptionError,
+    builtins=(
+        "cbo.solvers.auto",
+        "cbo.solvers.cpsat",
+        "cbo.solvers.enumerate.solver",
+        "cbo.solvers.enumerate.gpu",
+        "cbo.solvers.ocean",
+        "cbo.solvers.qaoa",
+        "cbo.solvers.swap",
+    ),
+)
 
 
 def register(cls: type[Solver]) -> type[Solver]:
     """Class decorator: add a solver (and its aliases) to the registry."""
+    if not (isinstance(cls, type) and issubclass(cls, Solver)):
+        raise SolverError(f"only Solver subclasses can be registered as solvers, got {cls!r}.")
     if not cls.name:
         raise SolverError(f"{cls.__name__} has no name.")
-    _REGISTRY[cls.name] = cls
-    for alias in cls.aliases:
-        _ALIASES[alias] = cls.name
-    return cls
+    return REGISTRY.register(cls)
 
 
 def names() -> list[str]:
     """Registered solver names (aliases excluded)."""
-    _load_builtin()
-    return sorted(_REGISTRY)
+    return REGISTRY.names()
 
 
 def get(name: str) -> type[Solver]:
     """The solver class registered under ``name`` (or an alias)."""
-    _load_builtin()
-    key = _ALIASES.get(name, name)
-    if key not in _REGISTRY:
-        raise UnknownSolverError(
-            f"unknown solver {name!r}; registered: {sorted(_REGISTRY)} (aliases: {sorted(_ALIASES)})."
-        )
-    return _REGISTRY[key]
+    return REGISTRY.get(name)
 
 
 def available() -> dict[str, Availability]:
     """Every registered solver with whether it is usable here and why not."""
-    _load_builtin()
     out = {}
-    for name in sorted(_REGISTRY):
-        cls = _REGISTRY[name]
+    for name, cls in REGISTRY.items():
         try:
             ok, reason = cls.availability()
         except Exception as exc:  # an availability probe must never break the listing
@@ -189,9 +211,10 @@ def available() -> dict[str, Availability]:
     return out
 
 
-def _load_builtin() -> None:
-    # importing the package registers every built-in solver (extras are imported lazily inside them)
-    import cbo.solvers  # noqa: F401
+def run_solver(name: str, problem: Problem, **options: Any) -> SolverOutput:
+    """Run the registered solver ``name`` on an already reduced problem (solvers that combine others use it)."""
+    cls = get(name)
+    return cls().run(problem, cls.make_options(options))
 
 
 def _is_dimod_sampler(obj: Any) -> bool:
@@ -209,8 +232,6 @@ def solve(
     keep: Any = None,
     force: Any = None,
     progress: bool = False,
-    backend: str | Any = "local",
-    backend_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> RankedStates:
     """The ``k`` lowest-energy states that remove exactly ``remove`` blocks.
@@ -218,16 +239,16 @@ def solve(
     Args:
         qubo: the energy and its constraints.
         remove: M, the number of blocks to remove.
-        solver: a registered name (see ``cbo.solvers.available()``), or any ``dimod.Sampler``.
+        solver: a registered name (see ``cbo.solvers.available()``), a :class:`Solver` instance, or
+            any ``dimod.Sampler``.
         k: how many distinct states to return.
         seed: makes randomized solvers reproducible; drawn and recorded when omitted.
         time_limit: seconds; a solver that stops early marks its result inexact.
         keep / force: override the QUBO's keep/force lists for this call.
         progress: show a progress bar on long runs.
-        backend: ``"local"`` (this process) or ``"ray"`` (exact enumeration sharded over Ray workers,
-            same result; needs the ``ray`` extra), or a ``cbo.distributed.RayBackend``.
-        backend_options: settings of the backend (``RayBackend`` fields: address, workers, ...).
-        **options: solver settings (each solver's ``Options`` dataclass lists them).
+        **options: solver settings (each solver's ``Options`` dataclass lists them). The exact
+            enumerator (and ``auto``, which passes them on) takes ``backend="ray"`` (enumeration sharded
+            over Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
 
     Example:
         >>> import numpy as np, cbo
@@ -251,12 +272,6 @@ def solve(
         raise SolverError(f"time_limit must be > 0 seconds or None, got {time_limit!r}.")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**31))
-    if backend is None or backend == "local":
-        backend = None
-    elif backend != "ray" and type(backend).__name__ != "RayBackend":
-        raise SolverError(f"unknown backend {backend!r}; valid: 'local', 'ray' (or a cbo.distributed.RayBackend).")
-    elif solver == "auto":
-        solver = "enumerate"
     if _is_dimod_sampler(solver):
         options = {"sampler": solver, **options}
         solver = "dimod"
@@ -274,16 +289,9 @@ def solve(
     opts = cls.make_options(options)
     problem = Problem(qubo, int(remove), int(k), int(seed), time_limit, progress)
     instance = solver if isinstance(solver, Solver) else cls()
-    if backend is None:
-        out = instance.run(problem, opts)
-    else:
-        from cbo.distributed import run_on_backend
-
-        out = run_on_backend(backend, backend_options, cls, problem, opts)
+    out = instance.run(problem, opts)
     wall = problem.elapsed()
     recorded = {**_options_record(opts), "seed": seed, "time_limit": time_limit, "k": k}
-    if backend is not None:
-        recorded["backend"] = "ray"
     result = RankedStates.from_candidates(
         qubo,
         out.candidates,
@@ -305,23 +313,10 @@ def solve(
 
 
 def _options_record(opts: Any) -> dict[str, Any]:
-    rec = {}
+    rec: dict[str, Any] = {}
+    if opts is None:
+        return rec
     for f in dataclasses.fields(opts):
         v = getattr(opts, f.name)
         rec[f.name] = v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
     return rec
-
-
-def run_interruptible(step: Callable[[], bool], problem: Problem) -> tuple[bool, bool]:
-    """Call ``step()`` until it returns True (done), the time limit passes, or Ctrl-C.
-
-    Returns (finished, interrupted). Solvers use it so that long runs keep their best states.
-    """
-    try:
-        while True:
-            if step():
-                return True, False
-            if problem.time_left() <= 0:
-                return False, False
-    except KeyboardInterrupt:
-        return False, True

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from cbo.errors import SolverError
-from cbo.extras import has_module, require
+from cbo.extras import require
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
-from cbo.solvers.swap import FreeConstraints
+from cbo.solvers.constraints import FreeConstraints
 
 _DEFAULT_MAX_TIME = 60.0
 
@@ -39,8 +39,7 @@ class CPSat(Solver):
     aliases = ("ortools", "cp-sat")
     exact = True
     description = "OR-Tools CP-SAT: proven top-K by no-good cuts (integer-scaled energies)"
-    battery_options: ClassVar[dict] = {"workers": 1}
-    battery_max_n: ClassVar[int] = 12
+    requires = ("ortools",)
 
     @dataclass
     class Options:
@@ -64,12 +63,6 @@ class CPSat(Solver):
         workers: int | None = None
         max_time: float = _DEFAULT_MAX_TIME
         max_extra: int = 0
-
-    @classmethod
-    def availability(cls) -> tuple[bool, str]:
-        if not has_module("ortools"):
-            return False, "OR-Tools is not installed; install it with: pip install 'cbo[cpsat]'"
-        return True, "ok"
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         cp = require("ortools.sat.python.cp_model", "the CP-SAT solver")
@@ -120,9 +113,9 @@ class CPSat(Solver):
             members = [y[i] for i in range(n) if fc.kind[i] == g]
             if fc.cap[g] < len(members):
                 model.add(sum(members) <= int(fc.cap[g]))
-        if fc.pmax < 2**62:
+        if fc.has_max_params:
             model.add(sum(int(s) * v for s, v in zip(fc.size, y)) <= int(fc.pmax))
-        if fc.pmin > -(2**62):
+        if fc.has_min_params:
             model.add(sum(int(s) * v for s, v in zip(fc.size, y)) >= int(fc.pmin))
         model.minimize(cp.LinearExpr.weighted_sum(terms_v, terms_c))
 

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from cbo.errors import SolverError, SolverUnavailableError
 from cbo.extras import has_module, require
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
+from cbo.solvers.constraints import FreeConstraints
+from cbo.solvers.penalty import reduced_safe_penalty
 
 MAX_QUBITS = 20
 _KEEP_SAMPLES = 64
@@ -121,10 +123,8 @@ class QAOASolver(Solver):
 
     name = "qaoa"
     aliases = ("qiskit",)
-    exact = False
     description = f"QAOA via qiskit-optimization, XY mixer + Dicke start or penalty form (≤ {MAX_QUBITS} qubits)"
-    battery_options: ClassVar[dict] = {"shots": 2048, "maxiter": 30}
-    battery_max_n: ClassVar[int] = 8
+    requires = ("qiskit", "qiskit_optimization")
 
     @dataclass
     class Options:
@@ -156,10 +156,10 @@ class QAOASolver(Solver):
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
-        missing = [m for m in ("qiskit", "qiskit_optimization") if not has_module(m)]
-        if missing:
-            return False, f"{', '.join(missing)} not installed; install with: pip install 'cbo[qaoa]'"
-        return True, "ok" if has_module("qiskit_aer") else "ok (qiskit-aer missing: reference sampler, slower)"
+        ok, reason = super().availability()
+        if ok and not has_module("qiskit_aer"):
+            reason = "ok (qiskit-aer missing: reference sampler, slower)"
+        return ok, reason
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         require("qiskit_optimization", "QAOA")
@@ -308,8 +308,6 @@ def _penalty(penalty: Any, problem: Problem, scale: float) -> float | None:
     if penalty is None:
         return None
     if penalty == "safe":
-        from cbo.solvers.ocean import reduced_safe_penalty
-
         return reduced_safe_penalty(problem) / scale
     if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
         raise SolverError(f"penalty must be None, 'safe' or a number > 0, got {penalty!r}.")
@@ -317,15 +315,13 @@ def _penalty(penalty: Any, problem: Problem, scale: float) -> float | None:
 
 
 def _add_side_constraints(qp: Any, problem: Problem, names: list[str]) -> None:
-    from cbo.solvers.swap import FreeConstraints
-
     fc = FreeConstraints.from_problem(problem)
     for g in range(len(fc.cap)):
         members = {names[i]: 1 for i in range(len(names)) if fc.kind[i] == g}
         if members and fc.cap[g] < len(members):
             qp.linear_constraint(members, "<=", int(fc.cap[g]), f"cap_{g}")
     sizes = {v: int(s) for v, s in zip(names, fc.size)}
-    if fc.pmax < 2**62:
+    if fc.has_max_params:
         qp.linear_constraint(sizes, "<=", int(fc.pmax), "max_params")
-    if fc.pmin > -(2**62):
+    if fc.has_min_params:
         qp.linear_constraint(sizes, ">=", int(fc.pmin), "min_params")

@@ -37,14 +37,14 @@ def test_huge_space_uses_the_swap_annealer():
 
 
 def test_heuristic_shares_a_time_limit_between_both_swap_solvers(monkeypatch):
-    real_run = auto._run
+    real_run = auto.run_solver
     seen = []
 
     def recording_run(name, problem, **options):
         seen.append((name, problem.time_left()))
         return real_run(name, problem, **options)
 
-    monkeypatch.setattr(auto, "_run", recording_run)
+    monkeypatch.setattr(auto, "run_solver", recording_run)
     res = solve(random_block_qubo(80, 0), 32, "auto", k=5, seed=0, time_limit=20.0)
     assert [name for name, _ in seen] == ["swap-sa", "swap-tabu"]
     assert seen[0][1] <= 10.0 + 1e-6 and seen[1][1] > 0  # half of the limit for the first, the rest for the second
@@ -81,7 +81,7 @@ def test_attempt_that_finishes_is_exact(monkeypatch):
 
 def test_attempt_that_does_not_finish_falls_back_and_merges(monkeypatch):
     monkeypatch.setattr(auto, "CPU_RATE_PER_THREAD", 1.0)
-    real_run = auto._run
+    real_run = auto.run_solver
 
     def fake_run(name, problem, **options):
         out = real_run(name, problem, **options)
@@ -89,7 +89,7 @@ def test_attempt_that_does_not_finish_falls_back_and_merges(monkeypatch):
             return SolverOutput(out.candidates[:1], exact=False, info={"timed_out": True})
         return out
 
-    monkeypatch.setattr(auto, "_run", fake_run)
+    monkeypatch.setattr(auto, "run_solver", fake_run)
     q = random_block_qubo(14, 2)
     _, E = brute_force_topk(q, 5, 5)
     res = solve(q, 5, "auto", k=5, seed=0, budget=30.0)

@@ -1,23 +1,24 @@
 """The shared solver battery: every registered solver that is usable here, tested the day it registers.
 
-The battery parametrizes over ``cbo.solvers.available()`` and runs each usable solver through the
-same checks: result shape (a ``RankedStates`` of at most k distinct states, sorted, with energies that
-equal ``qubo.energy``), feasibility including keep/force, reproducible seeds, bad input (an unknown
-option raises ``SolverError``, M out of range raises ``InfeasibleError``), exact solvers reproduce the
-brute-force top-K, and heuristics find the brute-force ground state of small instances.
+Modelled on dimod's ``load_sampler_bqm_tests(sampler, max_num_variables=...)``: the battery, not the
+solver, owns the sizes and settings it tests with. It parametrizes over ``cbo.solvers.available()`` and
+runs each usable solver through the same checks: result shape (a ``RankedStates`` of at most k distinct
+states, sorted, with energies that equal ``qubo.energy``), feasibility including keep/force, a problem
+with nothing left to choose, reproducible seeds, bad input (an unknown option raises ``SolverError``,
+M out of range raises ``InfeasibleError``), exact solvers reproduce the brute-force top-K, and heuristics
+find the brute-force ground state of small instances.
 
-Conventions a solver class can use to take part (class attributes, all optional):
-
-* ``battery_options: ClassVar[dict]`` — options the battery passes on every call, for solvers that
-  need one (the ``dimod`` wrapper's ``sampler``) or whose defaults are too slow for a unit test.
-  The ground-state check runs with these options and otherwise default settings.
-* ``battery_max_n: ClassVar[int]`` (default 16) — the largest instance the battery gives the
-  solver (QAOA simulates 2^n amplitudes and sets about 8).
-
-Solvers that are registered but not usable here (a missing extra, no GPU) are reported as skipped.
+:data:`SETTINGS` gives a solver the options the battery passes on every call (for a solver that needs
+one, like the ``dimod`` wrapper's ``sampler``, or whose defaults are too slow for a unit test) and the
+largest instance it is given (QAOA simulates 2^n amplitudes). A registered solver missing from the
+table runs with :data:`DEFAULT`. Solvers that are registered but not usable here (a missing extra, no
+GPU) are reported as skipped.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,26 @@ from reference import brute_force_topk, make_instance
 from cbo import RankedStates, solve
 from cbo.errors import InfeasibleError, SolverError
 from cbo.instances import random_block_qubo
-from cbo.solvers import available, get
+from cbo.solvers import available, get, names
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the battery runs one solver: options passed on every call, and the largest instance."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    max_n: int = 16
+
+
+DEFAULT = Settings()
+SETTINGS: dict[str, Settings] = {
+    "sa": Settings({"num_reads": 50, "num_sweeps": 500}),
+    "tabu": Settings({"num_reads": 10}),
+    "dimod": Settings({"sampler": "dwave.samplers.SimulatedAnnealingSampler"}, max_n=12),
+    "cpsat": Settings({"workers": 1}, max_n=12),
+    "qaoa": Settings({"shots": 2048, "maxiter": 30}, max_n=8),
+    "enumerate-gpu": Settings(max_n=20),
+}
 
 
 def _all_solvers() -> list:
@@ -40,20 +60,22 @@ def _all_solvers() -> list:
 SOLVERS = _all_solvers()
 
 
-def _options(name: str) -> dict:
-    return dict(getattr(get(name), "battery_options", {}))
-
-
-def _max_n(name: str) -> int:
-    return int(getattr(get(name), "battery_max_n", 16))
+def _settings(name: str) -> Settings:
+    return SETTINGS.get(name, DEFAULT)
 
 
 def _size(name: str, want: int) -> int:
-    return max(4, min(want, _max_n(name)))
+    return max(4, min(want, _settings(name).max_n))
 
 
 def _run(name, q, M, k=5, seed=0, **extra):
-    return solve(q, M, name, k=k, seed=seed, **{**_options(name), **extra})
+    return solve(q, M, name, k=k, seed=seed, **{**_settings(name).options, **extra})
+
+
+def test_the_table_names_registered_solvers():
+    assert set(SETTINGS) <= set(names()), sorted(set(SETTINGS) - set(names()))
+    for name, settings in SETTINGS.items():
+        get(name).make_options(settings.options)  # the battery's options are valid for that solver
 
 
 @pytest.mark.parametrize("name", SOLVERS)
@@ -85,6 +107,17 @@ def test_keep_and_force_are_respected(name):
     assert not res.states[:, [0, n - 1]].any()
     assert res.states[:, 1].all()
     assert np.all(q.feasible(res.states, M))
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_nothing_left_to_choose(name):
+    # every block is kept or forced: the one feasible state is the answer
+    n = _size(name, 6)
+    q = make_instance("block", n, 4, keep=list(range(0, n, 2)), force=list(range(1, n, 2)))
+    res = _run(name, q, n // 2, k=3)
+    assert len(res) == 1
+    assert res.removed(0) == list(range(1, n, 2))
+    np.testing.assert_allclose(res.energies, q.energy(res.states), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", SOLVERS)

@@ -98,10 +98,11 @@ def test_bad_options(opts, match):
 
 
 def test_missing_ortools_names_the_extra(monkeypatch):
-    import cbo.solvers.cpsat as mod
+    import cbo.solvers.base as base
+    from cbo.solvers.cpsat import CPSat
 
-    monkeypatch.setattr(mod, "has_module", lambda name: False)
-    ok, reason = mod.CPSat.availability()
+    monkeypatch.setattr(base, "has_module", lambda name: False)
+    ok, reason = CPSat.availability()
     assert not ok and "cbo[cpsat]" in reason
     with pytest.raises(SolverUnavailableError, match=r"cbo\[cpsat\]"):
         solve(random_block_qubo(6, 0), 2, "cpsat", k=2)

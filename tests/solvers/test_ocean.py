@@ -12,7 +12,7 @@ from cbo import BlockQUBO, solve
 from cbo.errors import SolverError
 from cbo.instances import random_block_qubo
 from cbo.solvers.base import Problem
-from cbo.solvers.ocean import penalty_bqm, reduced_safe_penalty
+from cbo.solvers.penalty import penalty_bqm, reduced_safe_penalty
 
 
 @pytest.mark.parametrize("solver", ["sa", "tabu"])

@@ -98,10 +98,11 @@ def test_bad_options(opts, match):
 
 
 def test_missing_qiskit_names_the_extra(monkeypatch):
-    import cbo.solvers.qaoa as mod
+    import cbo.solvers.base as base
+    from cbo.solvers.qaoa import QAOASolver
 
-    monkeypatch.setattr(mod, "has_module", lambda name: name != "qiskit_optimization")
-    ok, reason = mod.QAOASolver.availability()
+    monkeypatch.setattr(base, "has_module", lambda name: name != "qiskit_optimization")
+    ok, reason = QAOASolver.availability()
     assert not ok and "cbo[qaoa]" in reason
     with pytest.raises(SolverUnavailableError, match=r"cbo\[qaoa\]"):
         solve(random_block_qubo(5, 0), 2, "qaoa", k=2)

@@ -10,7 +10,9 @@ from cbo import BlockQUBO, solve
 from cbo.errors import SolverError
 from cbo.instances import random_block_qubo
 from cbo.solvers.base import Problem
-from cbo.solvers.swap import FreeConstraints
+from cbo.solvers.constraints import FreeConstraints
+from cbo.solvers.swap import SwapRun
+from cbo.solvers.swap_kernels import pool_offer, state_energy, state_hash
 
 SWAP = ("swap-sa", "swap-tabu")
 
@@ -155,20 +157,18 @@ def test_targets_80_8_exact_top10_and_80_32():
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_closure_keeps_exact_energies_and_hashes(depth):
-    from cbo.solvers.swap import _energy, _hash, _pool_offer, _Run
-
     q = random_block_qubo(13, 3).with_constraints(force=[2])
     p = Problem(q, 6, 10, 0, None)
-    run = _Run(p, 40, 0)
+    run = SwapRun(p, 40, 0)
     y = np.zeros(p.n_free, dtype=np.uint8)
     y[-p.r :] = 1  # a poor start: the last blocks
-    _pool_offer(*run.pool_args[:3], run.pool_done, _energy(run.D, run.Qoff, y), _hash(run.keys, y), y, -1, -1)
+    pool_offer(*run.pool_args[:3], run.pool_done, state_energy(run.D, run.Qoff, y), state_hash(run.keys, y), y, -1, -1)
     assert run.close(10**9, depth) > 1
     filled = run.pool_E < np.inf
     X = run.pool_X[filled]
     assert len(np.unique(X, axis=0)) == len(X)
     np.testing.assert_allclose(run.pool_E[filled] + p.const, q.energy(p.expand(X)), atol=1e-9)
-    assert all(run.pool_H[filled][i] == _hash(run.keys, X[i]) for i in range(len(X)))
+    assert all(run.pool_H[filled][i] == state_hash(run.keys, X[i]) for i in range(len(X)))
     if depth == 2:  # from any start, the double-swap closure reaches the true top-10 here
         _, E = brute_force_topk(q, 6, 10)
         np.testing.assert_allclose(np.sort(run.pool_E[filled] + p.const)[:10], E, atol=1e-9)

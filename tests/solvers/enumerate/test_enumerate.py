@@ -13,11 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import INSTANCE_KINDS, all_feasible, brute_force_topk, make_constrained, make_instance
 
-import cbo.solvers.enumerate as en
+import cbo.solvers.enumerate.plan as en_plan
 from cbo import BlockQUBO, solve
 from cbo.errors import InfeasibleError, SolverError
 from cbo.instances import random_block_qubo
 from cbo.solvers.base import Problem
+from cbo.solvers.enumerate import EnumerateSolver, enumerate_tasks, merge_task_results, plan_enumeration
+from cbo.solvers.enumerate.bounds import relax_bound, relaxation_shift
+from cbo.solvers.enumerate.seeding import seed_threshold
 
 
 def _check_against_reference(q, M, k, res):
@@ -150,7 +153,7 @@ def test_task_depth(task_depth):
 
 def test_generic_kernel_without_side_constraints(monkeypatch):
     # large n falls back to the generic kernel; force it on a small instance
-    monkeypatch.setattr(en, "_MAX_PAIR_TABLE", 0)
+    monkeypatch.setattr(en_plan, "MAX_PAIR_TABLE", 0)
     q = make_instance("block", 13, 4)
     for M in (3, 6, 10):
         res = solve(q, M, "enumerate", k=6)
@@ -159,7 +162,7 @@ def test_generic_kernel_without_side_constraints(monkeypatch):
 
 
 def test_bound_switched_off_when_its_table_is_too_large(monkeypatch):
-    monkeypatch.setattr(en, "_MAX_BOUND_TABLE", 0)
+    monkeypatch.setattr(en_plan, "MAX_BOUND_TABLE", 0)
     q = make_instance("block", 12, 5)
     res = solve(q, 6, "enumerate", k=5)
     assert res.info["bound"] is False and "bound_note" in res.info
@@ -216,7 +219,7 @@ def test_ctrl_c_returns_best_so_far(monkeypatch):
         return float("inf")
 
     monkeypatch.setattr(problem, "time_left", time_left)
-    out = en.EnumerateSolver().run(problem, en.EnumerateSolver.make_options({"bound": False}))
+    out = EnumerateSolver().run(problem, EnumerateSolver.make_options({"bound": False}))
     assert out.exact is False
     assert out.info["interrupted"] is True
     assert len(out.candidates) >= 1
@@ -274,10 +277,10 @@ def test_exact_alias_and_progress_bar(capsys):
 def test_split_tasks_merge_to_the_same_result():
     q = random_block_qubo(22, 4)
     problem = Problem(q, 9, 8, 0, None)
-    plan = en.plan_enumeration(problem)
-    parts = [en.enumerate_tasks(plan, part, threads=1) for part in np.array_split(plan.tasks, 3)]
+    plan = plan_enumeration(problem)
+    parts = [enumerate_tasks(plan, part, threads=1) for part in np.array_split(plan.tasks, 3)]
     assert sum(p.done for p in parts) == len(plan.tasks)
-    E, S = en.merge_task_results(plan, parts)
+    E, S = merge_task_results(plan, parts)
     X = plan.states(S)
     np.testing.assert_allclose(q.energy(X), E + plan.const, rtol=1e-9, atol=1e-12)
     ref = solve(q, 9, "enumerate", k=8)
@@ -289,7 +292,7 @@ def test_seed_threshold_is_an_upper_bound_on_the_kth_best():
         q = make_instance("negative", 12, seed)
         problem = Problem(q, 5, 6, 0, None)
         Q = np.ascontiguousarray(problem.Q)
-        thr, best = en._seed_threshold(Q, 5, 6)
+        thr, best = seed_threshold(Q, 5, 6)
         _, E = brute_force_topk(q, 5, 6)
         assert thr + problem.const >= E[-1] - 1e-9
         assert best.sum() == 5
@@ -330,7 +333,7 @@ def test_seed_states_are_real_states_with_their_energies():
     for kind in ("block", "negative", "integer"):
         q = make_instance(kind, 12, 3, force=[2])
         problem = Problem(q, 6, 7, 0, None)
-        plan = en.plan_enumeration(problem)
+        plan = plan_enumeration(problem)
         X = plan.states(plan.seed_positions)
         assert len(X) == 7
         assert np.all(q.feasible(X, 6))
@@ -358,7 +361,7 @@ def test_relaxation_bound_never_exceeds_the_best_completion(kind):
     n = 13
     q = make_instance(kind, n, 5)
     problem = Problem(q, 6, 1, 0, None)
-    plan = en.plan_enumeration(problem, en.EnumerateSolver.make_options({"relax_min_states": 0, "relax_iters": 500}))
+    plan = plan_enumeration(problem, EnumerateSolver.make_options({"relax_min_states": 0, "relax_iters": 500}))
     _, _, rx, _ = plan.tables()
     Q = plan.Q
     rng = np.random.default_rng(0)
@@ -371,7 +374,7 @@ def test_relaxation_bound_never_exceeds_the_best_completion(kind):
         F = np.zeros((1, n))
         F[0] = np.diag(Q) + Q[prefix].sum(0)
         e = float(np.diag(Q)[prefix].sum() + np.triu(Q[np.ix_(prefix, prefix)], 1).sum())
-        lb = en._relax_bound(rx, work, F, 0, c0, n, rho, np.inf)
+        lb = relax_bound(rx, work, F, 0, c0, n, rho, np.inf)
         best = np.inf
         for rest in itertools.combinations(range(c0, n), rho):
             S = np.concatenate([prefix, rest]).astype(int)
@@ -382,7 +385,7 @@ def test_relaxation_bound_never_exceeds_the_best_completion(kind):
 def test_relaxation_shift_convexifies_on_the_cardinality_plane():
     for kind in INSTANCE_KINDS:
         Q = Problem(make_instance(kind, 15, 2), 5, 1, 0, None).Q
-        lam = en._relaxation_shift(Q)
+        lam = relaxation_shift(Q)
         A = Q - np.diag(np.diag(Q)) + lam * np.eye(15)
         P = np.eye(15) - 1.0 / 15
         assert np.linalg.eigvalsh(P @ A @ P).min() >= -1e-9
@@ -399,6 +402,6 @@ def test_relaxation_prunes_large_M():
 
 def test_tasks_deeper_than_the_kernel_allows_are_refused():
     problem = Problem(random_block_qubo(20, 1), 6, 3, 0, None)
-    plan = en.plan_enumeration(problem)
+    plan = plan_enumeration(problem)
     with pytest.raises(SolverError, match="depth <= 2"):
-        en.enumerate_tasks(plan, np.array([[0, 1, 2]], dtype=np.int32))
+        enumerate_tasks(plan, np.array([[0, 1, 2]], dtype=np.int32))

@@ -39,6 +39,7 @@ import numpy as np
 
 from cbo.errors import CBOError, DataError, InvalidQUBOError
 from cbo.qubo import BlockQUBO
+from cbo.solvers.base import get, solve
 
 #: Columns of the results table (one row per solver run).
 COLUMNS = [
@@ -162,8 +163,6 @@ def make_grid(
         reference_time_limit: seconds for each reference; when it runs out the reference is the
             best known (the best states of every cell of that instance and M).
     """
-    from cbo.solvers import get
-
     if not instances or not solvers or not removes or not seeds:
         raise CBOError("a sweep needs at least one instance, solver, M and seed.")
     options = dict(options or {})
@@ -202,8 +201,6 @@ def make_grid(
 # --------------------------------------------------------------------------------------- one cell
 def run_cell(cell: Cell, qubo: BlockQUBO | None = None) -> dict[str, Any]:
     """Solve one cell (``qubo``: the instance, already loaded); a CBOError becomes a record with ``status = "error"``."""
-    from cbo.solvers import solve
-
     record: dict[str, Any] = {"key": cell.key, "cell": dataclasses.asdict(cell), "started": time.time()}
     try:
         q = qubo if qubo is not None else load_instance(cell.instance)
@@ -484,7 +481,7 @@ def _run_cell_remote(cell: Cell, qubo: BlockQUBO | None) -> dict[str, Any]:
 
 
 def _run_on_ray(todo: list[Cell], finish: Callable[[dict[str, Any]], None], address: str | None, workers: int | None):
-    from cbo.distributed.ray_enumerate import cluster_cpus, init_ray, release_workers
+    from cbo.solvers.enumerate.ray import cluster_cpus, init_ray, release_workers
 
     if not todo:
         return

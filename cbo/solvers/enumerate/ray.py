@@ -1,6 +1,11 @@
-"""Exact top-K enumeration sharded over Ray workers, identical in result to the single-process search.
+"""The Ray backend of the exact enumerator: the search sharded over Ray workers, the same result.
 
-The driver prepares the search once (:func:`cbo.solvers.enumerate.plan_enumeration`: block order,
+``cbo.solve(q, M, "enumerate", backend="ray", backend_options={"workers": 8})`` runs here; the
+``backend_options`` are the fields of :class:`RayBackend`. Nothing here imports Ray until it is used
+(the optional extra ``cbo[ray]``); :func:`init_ray`, :func:`shutdown` and :func:`release_workers` manage
+the connection and the workers kept between solves (the solver sweep, :mod:`cbo.sweep`, uses them too).
+
+The driver prepares the search once (:func:`cbo.solvers.enumerate.plan.plan_enumeration`: block order,
 seeded threshold, prefix tasks) and cuts the task list, in lexicographic order, into contiguous
 chunks holding about the same number of states (the leaves below each prefix). Each worker is a
 Ray actor that builds the lookup tables once and searches the chunks it is handed, with its own
@@ -18,7 +23,6 @@ A local Ray instance is started when none is running and no address is given; ``
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -28,14 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from cbo.errors import SolverError
+from cbo.errors import SolverError, SolverOptionError
 from cbo.extras import require
+from cbo.qubo import BlockQUBO
 from cbo.solvers.base import Problem, SolverOutput
+from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
+from cbo.solvers.enumerate.search import TaskResult, enumerate_tasks, merge_task_results
 
 
 @dataclass
 class RayBackend:
-    """Where and how ``solve(..., backend="ray")`` runs the exact enumeration.
+    """Where and how ``solve(..., "enumerate", backend="ray")`` runs the exact enumeration.
 
     Attributes:
         address: a Ray cluster (``"ray://host:10001"``, ``"auto"``, ``"host:6379"``); default: the
@@ -74,24 +81,19 @@ class RayBackend:
         for name in ("workers", "num_cpus"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise SolverError(f"ray backend: {name} must be an integer >= 1 or None, got {v!r}.")
+                raise SolverOptionError(f"ray backend: {name} must be an integer >= 1 or None, got {v!r}.")
         if isinstance(self.ready_timeout, bool) or not (
             isinstance(self.ready_timeout, (int, float)) and self.ready_timeout > 0
         ):
-            raise SolverError(f"ray backend: ready_timeout must be > 0 seconds, got {self.ready_timeout!r}.")
+            raise SolverOptionError(f"ray backend: ready_timeout must be > 0 seconds, got {self.ready_timeout!r}.")
         for name in ("worker_threads", "chunks_per_worker", "split"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise SolverError(f"ray backend: {name} must be an integer >= 1, got {v!r}.")
+                raise SolverOptionError(f"ray backend: {name} must be an integer >= 1, got {v!r}.")
 
-    @classmethod
-    def from_options(cls, options: dict[str, Any] | None) -> RayBackend:
-        options = dict(options or {})
-        valid = [f.name for f in dataclasses.fields(cls)]
-        bad = sorted(set(options) - set(valid))
-        if bad:
-            raise SolverError(f"ray backend has no option(s) {bad}; valid options: {valid}.")
-        return cls(**options)
+
+#: What the ``enumerate`` solver's ``backend_options`` build with ``backend="ray"``.
+BACKEND_OPTIONS = RayBackend
 
 
 # --------------------------------------------------------------------------------------- Ray setup
@@ -194,8 +196,6 @@ class EnumerationWorker:
         """Search the subtrees of ``tasks`` (prefixes of one depth) with the shared threshold."""
         import ray
 
-        from cbo.solvers.enumerate import enumerate_tasks
-
         plan = self.plan
         deadline = None if seconds_left is None else time.perf_counter() + seconds_left
         start = min(self.best, float(ray.get(self.board.get.remote())))
@@ -234,9 +234,6 @@ class EnumerationWorker:
 
 def _warm_kernels(fast: bool, threads: int) -> None:
     """Load (or compile) the numba kernel a plan uses by searching a tiny instance of the same kind."""
-    from cbo.qubo import BlockQUBO
-    from cbo.solvers.enumerate import enumerate_tasks, plan_enumeration
-
     tiny = Problem(BlockQUBO(np.eye(8)), remove=5 if fast else 2, k=2, seed=0, time_limit=None)
     enumerate_tasks(plan_enumeration(tiny), threads=threads)
 
@@ -271,7 +268,7 @@ def _workers(ray: Any, count: int, threads: int, keep: bool) -> tuple[Any, list[
         if missing * threads > free and _POOL:
             raise SolverError(
                 f"ray backend: {missing} more workers need {missing * threads} free CPUs but only {free:g} are free; "
-                "workers kept with keep_workers=True hold theirs: call cbo.distributed.release_workers()."
+                "workers kept with keep_workers=True hold theirs: call cbo.solvers.enumerate.ray.release_workers()."
             )
         fresh = [Worker.options(num_cpus=threads).remote(threads) for _ in range(missing)]
         actors += fresh
@@ -280,6 +277,11 @@ def _workers(ray: Any, count: int, threads: int, keep: bool) -> tuple[Any, list[
         else:
             temporary += fresh
     return board, actors, temporary
+
+
+def kept_workers() -> int:
+    """How many workers ``keep_workers=True`` keeps now (in this process's Ray jobs)."""
+    return sum(len(actors) for _, actors in _POOL.values())
 
 
 def release_workers() -> None:
@@ -364,7 +366,7 @@ def plan_chunks(plan: Any, parts: int, split: int) -> list[np.ndarray]:
     then each run of one depth cut into pieces of about 1/parts of the states."""
     n, r = plan.n, plan.r
     total = subtree_leaves(n, r, ())
-    max_depth = max(r - 4, 0) if plan.fast else r - 1
+    max_depth = plan.deepest_task
     max_depth = max(max_depth, plan.task_depth)
     runs = split_tasks(n, r, plan.tasks, total / (parts * split), max_depth)
     chunks: list[np.ndarray] = []
@@ -376,17 +378,10 @@ def plan_chunks(plan: Any, parts: int, split: int) -> list[np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------- the driver
-def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> SolverOutput:
-    """Exact top-K of ``problem`` on Ray workers (the ``enumerate`` solver's ``options`` apply)."""
-    from cbo.solvers.enumerate import (
-        EnumerateSolver,
-        TaskResult,
-        merge_task_results,
-        plan_enumeration,
-    )
-
+def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBackend) -> SolverOutput:
+    """Exact top-K of ``problem`` on Ray workers (the ``enumerate`` solver's search ``options`` apply)."""
     if options is None:
-        options = EnumerateSolver.Options()
+        options = SearchOptions()
     if options.threads is not None:
         raise SolverError(
             "with backend='ray' set the threads per worker with backend_options={'worker_threads': ...}, "
@@ -414,10 +409,8 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
         "ray_connect_s": round(t_ready - t_start, 3),
     }
     if plan.trivial:
-        Y = np.zeros((1, plan.n), dtype=np.uint8)
-        Y[:, : plan.r] = 1
         info.update(states=1, nodes=0, pruned=0)
-        return SolverOutput(problem.expand(Y), exact=True, info=info)
+        return SolverOutput(only_state(problem), exact=True, info=info)
 
     chunks = plan_chunks(plan, parts, backend.split)
     info["chunks"] = len(chunks)
@@ -476,7 +469,7 @@ def run_enumeration(problem: Problem, options: Any, backend: RayBackend) -> Solv
             raise SolverError(
                 f"ray backend: only {len(started)} of {len(loading)} workers started within {backend.ready_timeout:g} s; "
                 f"the cluster has {float(ray.available_resources().get('CPU', 0.0)):g} free CPUs. Lower workers, "
-                "wait for the autoscaler (raise ready_timeout), or call cbo.distributed.release_workers()."
+                "wait for the autoscaler (raise ready_timeout), or call cbo.solvers.enumerate.ray.release_workers()."
             )
         ray.get(loading)
         t_loaded = time.perf_counter()

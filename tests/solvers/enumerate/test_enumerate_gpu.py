@@ -15,18 +15,17 @@ from cbo import BlockQUBO, solve
 from cbo.errors import SolverError, SolverUnavailableError
 from cbo.instances import random_block_qubo
 from cbo.solvers.base import Problem
-from cbo.solvers.enumerate_gpu import (
+from cbo.solvers.enumerate.gpu import (
     EnumerateGPU,
     Plan,
-    _lex_rank,
-    _states_before,
-    binomial_table,
     cuda_device_status,
-    cuda_source,
     enumerate_on_device,
+    lex_rank,
     merge,
+    states_before,
     unrank,
 )
+from cbo.solvers.enumerate.gpu_kernel import binomial_table, cuda_source
 from cbo.states import RankedStates
 
 HAS_CXX = shutil.which("g++") is not None or shutil.which("clang++") is not None
@@ -39,7 +38,7 @@ needs_cxx = pytest.mark.skipif(not HAS_CXX, reason="the kernel emulator needs a 
 def test_unrank_follows_itertools_lexicographic_order(n, m):
     for rank, comb in enumerate(itertools.combinations(range(n), m)):
         assert unrank(rank, n, m) == list(comb)
-        assert _lex_rank(list(comb), n) == rank
+        assert lex_rank(list(comb), n) == rank
 
 
 def test_binomial_table():
@@ -58,10 +57,10 @@ def test_prefix_split_counts_every_state_once():
     seen = []
     for rank in range(plan.total_prefixes):
         prefix = unrank(rank, 8, 3)
-        assert _states_before(plan, rank) == len(seen)
+        assert states_before(plan, rank) == len(seen)
         seen += [tuple(prefix) + (j,) for j in range(prefix[-1] + 1, 9)]
     assert seen == list(itertools.combinations(range(9), 4))
-    assert _states_before(plan, plan.total_prefixes) == plan.total_states
+    assert states_before(plan, plan.total_prefixes) == plan.total_states
 
 
 def test_complement_keeps_energy_differences():

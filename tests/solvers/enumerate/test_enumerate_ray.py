@@ -8,11 +8,17 @@ import numpy as np
 import pytest
 import ray_session
 
-from cbo.distributed import RayBackend
-from cbo.distributed.ray_enumerate import _POOL, balanced_chunks, release_workers, split_tasks, subtree_leaves
 from cbo.errors import SolverError
 from cbo.instances import random_block_qubo
 from cbo.solvers import solve
+from cbo.solvers.enumerate.ray import (
+    RayBackend,
+    balanced_chunks,
+    kept_workers,
+    release_workers,
+    split_tasks,
+    subtree_leaves,
+)
 
 ray_local = ray_session.ray_local  # the shared local Ray instance (a fixture)
 
@@ -84,7 +90,7 @@ def test_fresh_workers_and_backend_object(ray_local):
     sharded = solve(q, 8, "auto", k=10, backend=RayBackend(workers=2, worker_threads=1, chunks_per_worker=3))
     _same(local, sharded)
     assert sharded.info["chunks"] >= 2 and sharded.info["worker_processes"] == 2
-    assert not _POOL  # removed after the solve: the CPUs are free again
+    assert kept_workers() == 0  # removed after the solve: the CPUs are free again
     deadline = time.time() + 60
     while ray_local.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
         time.sleep(0.5)  # the cluster learns of removed actors asynchronously
@@ -93,7 +99,7 @@ def test_fresh_workers_and_backend_object(ray_local):
 
 def test_backend_errors(ray_local):
     q = random_block_qubo(10, seed=0)
-    with pytest.raises(SolverError, match="enumerate"):
+    with pytest.raises(SolverError, match="no option"):  # a backend is an option of the enumerator only
         solve(q, 3, "swap-sa", backend="ray")
     with pytest.raises(SolverError, match="unknown backend"):
         solve(q, 3, "enumerate", backend="dask")

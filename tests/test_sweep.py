@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import ray_session
 
-from cbo.distributed import sweep as sweep_mod
-from cbo.distributed.sweep import (
+import cbo.sweep as sweep_mod
+from cbo.errors import CBOError, InvalidQUBOError, UnknownSolverError
+from cbo.sweep import (
     COLUMNS,
     load_instance,
     make_grid,
@@ -21,7 +22,6 @@ from cbo.distributed.sweep import (
     solver_row,
     write_table,
 )
-from cbo.errors import CBOError, InvalidQUBOError, UnknownSolverError
 
 ray_local = ray_session.ray_local  # the shared local Ray instance (a fixture)
 
@@ -161,9 +161,10 @@ def test_write_table_formats(tmp_path):
 def test_cli_sweep_resumes(tmp_path):
     from typer.testing import CliRunner
 
-    from cbo.cli import _register, app
+    import cbo.cli.qubo_cmds  # noqa: F401  (the command modules register on the app when imported)
+    import cbo.cli.sweep_cmds  # noqa: F401
+    from cbo.cli import app
 
-    _register()
     out = tmp_path / "cli.jsonl"
     args = ["sweep", "-i", "synthetic:10:1", "-s", "enumerate,swap-sa", "-m", "3,4", "--seeds", "0", "--out", str(out)]
     first = CliRunner().invoke(app, args + ["--quiet"])
