@@ -6,10 +6,7 @@ so one QUBO serves every M; keep/force lists, per-kind caps and a parameter budg
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -17,6 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from cbo.errors import CorruptFileError, InfeasibleError, InvalidQUBOError
+from cbo.files import archive_checksum, read_archive, write_archive
 
 FILE_FORMAT = "cbo.blockqubo"
 FILE_VERSION = 1
@@ -400,22 +398,8 @@ class BlockQUBO:
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write one self-describing file: arrays + JSON metadata + SHA-256 checksum."""
-        path = Path(path)
-        arrays = dict(zip(ARRAY_KEYS, (self.H, self.g, self.sizes)))
-        meta = self.to_dict()
-        meta["sha256"] = file_checksum(arrays, meta)
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            zf.writestr("meta.json", json.dumps(meta, indent=1, sort_keys=True))
-            for key, arr in arrays.items():
-                b = io.BytesIO()
-                np.save(b, arr, allow_pickle=False)
-                zf.writestr(f"{key}.npy", b.getvalue())
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(buf.getvalue())
-        tmp.replace(path)
-        return path
+        """Write one self-describing file: arrays + JSON metadata + SHA-256 checksum (atomically)."""
+        return write_archive(Path(path), dict(zip(ARRAY_KEYS, (self.H, self.g, self.sizes))), self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> BlockQUBO:
@@ -429,7 +413,7 @@ class BlockQUBO:
         if not path.exists():
             raise CorruptFileError(f"no QUBO file at {str(path)!r}.")
         label = repr(str(path))
-        meta, arrays = _read_archive(path, label)
+        meta, arrays = read_archive(path, ARRAY_KEYS)
         fmt, version = meta.get("format"), meta.get("version", 0)
         if fmt != FILE_FORMAT:
             raise CorruptFileError(f"{label} has format {fmt!r}, expected {FILE_FORMAT!r}.")
@@ -440,7 +424,7 @@ class BlockQUBO:
                 f"{label} has version {version}, newer than this CBO reads ({FILE_VERSION}); upgrade cbo."
             )
         stored = meta.pop("sha256", None)
-        if stored != file_checksum(arrays, meta):
+        if stored != archive_checksum(arrays, meta):
             raise CorruptFileError(
                 f"{label} failed its checksum: the file was edited or damaged after it was saved. "
                 "Recompute or re-save the QUBO."
@@ -507,36 +491,6 @@ class BlockQUBO:
             None if max_removed_params is None else int(max_removed_params),
             None if min_removed_params is None else int(min_removed_params),
         )
-
-
-def _read_archive(path: Path, label: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The metadata and arrays of a ``.cboq`` archive; any damage raises CorruptFileError."""
-    import zlib
-
-    try:
-        with zipfile.ZipFile(path) as zf:
-            meta = json.loads(zf.read("meta.json").decode("utf-8"))
-            arrays = {k: np.load(io.BytesIO(zf.read(f"{k}.npy")), allow_pickle=False) for k in ARRAY_KEYS}
-    except (
-        zipfile.BadZipFile,
-        zipfile.LargeZipFile,
-        zlib.error,
-        NotImplementedError,  # a damaged header names an unknown compression method
-        KeyError,
-        ValueError,  # JSON, UTF-8 and .npy header errors
-        TypeError,
-        OSError,
-        EOFError,
-        RuntimeError,
-        OverflowError,
-        MemoryError,  # a damaged .npy header can claim an absurd shape
-    ) as exc:
-        raise CorruptFileError(
-            f"{label} is not a readable CBO QUBO file (truncated, damaged or not written by BlockQUBO.save): {exc}"
-        ) from exc
-    if not isinstance(meta, dict):
-        raise CorruptFileError(f"{label} has metadata of type {type(meta).__name__}; expected a JSON object.")
-    return meta, arrays
 
 
 def _check_magnitude(H: np.ndarray, g: np.ndarray) -> None:
@@ -617,14 +571,3 @@ def _sizes(sizes: Sequence[int] | None, n: int) -> np.ndarray:
     if (s < 0).any():
         raise InvalidQUBOError(f"sizes must be >= 0; block {int(np.flatnonzero(s < 0)[0])} has {int(s.min())}.")
     return s
-
-
-def file_checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
-    h = hashlib.sha256()
-    for key in sorted(arrays):
-        a = np.ascontiguousarray(arrays[key])
-        h.update(key.encode())
-        h.update(str(a.dtype).encode() + str(a.shape).encode())
-        h.update(a.tobytes())
-    h.update(json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True).encode())
-    return h.hexdigest()

@@ -21,7 +21,7 @@ def small_qubo() -> BlockQUBO:
 
 def rewrite(path, meta_edit=None, raw_meta=None, drop=None) -> None:
     """Rewrite an archive with edited metadata (checksum recomputed, so only the content is wrong)."""
-    from cbo.qubo import file_checksum
+    from cbo.files import archive_checksum
 
     with zipfile.ZipFile(path) as zf:
         meta = json.loads(zf.read("meta.json"))
@@ -29,7 +29,7 @@ def rewrite(path, meta_edit=None, raw_meta=None, drop=None) -> None:
     meta.pop("sha256")
     if meta_edit:
         meta_edit(meta)
-    meta["sha256"] = file_checksum(arrays, meta)
+    meta["sha256"] = archive_checksum(arrays, meta)
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("meta.json", raw_meta if raw_meta is not None else json.dumps(meta))
         for k, a in arrays.items():
@@ -88,7 +88,7 @@ def test_list_shaped_metadata_and_missing_arrays_are_refused(tmp_path):
         BlockQUBO.load(path)
     path = small_qubo().save(tmp_path / "r.cboq")
     rewrite(path, drop="g")
-    with pytest.raises(CorruptFileError, match="not a readable CBO QUBO file"):
+    with pytest.raises(CorruptFileError, match="not a readable CBO file"):
         BlockQUBO.load(path)
 
 
@@ -110,3 +110,29 @@ def test_keep_takes_one_block_or_a_list_and_refuses_other_types():
         q.with_constraints(keep=3.5)
     with pytest.raises(InvalidQUBOError, match="no block named 'layer.3'"):
         q.with_constraints(keep="layer.3")
+
+
+def test_concurrent_saves_of_one_path_never_leave_a_broken_file(tmp_path):
+    """Two writers racing on one path: each uses its own temporary name; the survivor loads intact."""
+    import threading
+
+    path = tmp_path / "shared.cboq"
+    qubos = [BlockQUBO(np.eye(5) * (k + 1)) for k in range(2)]
+    errors = []
+
+    def writer(q):
+        try:
+            for _ in range(40):
+                q.save(path)
+        except Exception as exc:  # noqa: BLE001 - any failure is the bug under test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(q,)) for q in qubos]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    loaded = BlockQUBO.load(path)
+    assert any(np.array_equal(loaded.H, q.H) for q in qubos)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared.cboq"]  # no temporary file left behind
