@@ -164,10 +164,12 @@ def fisher_block_qubo(
         kinds = ["layer"] * n
         names = [f"layers.{i}" for i in range(n)]
     med = float(np.median(var))
-    for i, f in enumerate(head[: n // 2]):
+    head = head[: n // 2]
+    tail = tail[max(0, len(tail) - (n - len(head))) :]
+    for i, f in enumerate(head):
         var[i] = f * med * rng.lognormal(0.0, 0.1)
-    for i, f in enumerate(tail[-(n - min(len(head), n // 2)) :][::-1] if n < len(head) + len(tail) else tail[::-1]):
-        var[n - 1 - i] = f * med * rng.lognormal(0.0, 0.1)
+    for i, f in enumerate(tail):
+        var[n - len(tail) + i] = f * med * rng.lognormal(0.0, 0.1)
     # population correlation: weak random low-rank couplings, then the last block tied to its predecessors
     rank = max(2, n // 8)
     U = rng.normal(size=(n, rank)) * (coupling / np.sqrt(rank))

@@ -280,6 +280,26 @@ class CholeskyFactor:
     slack: float
     r: int
 
+    def node_bound(self, decided: np.ndarray) -> float:
+        """The bound of the node whose last positions ``n−len(decided)..n−1`` hold ``decided`` (0/1), from scratch.
+
+        O(n²); the search updates the same quantities in O(1) per decision. ``inf`` when the decided blocks
+        leave no feasible completion.
+        """
+        n = len(self.order)
+        x = np.asarray(decided, dtype=np.float64).reshape(-1)
+        p = n - len(x)
+        rho = self.r - int(round(x.sum()))
+        if p < 0 or rho < 0 or rho > p:
+            return np.inf
+        rows = self.R[p:, p:] @ x
+        s = self.R[:p, p:] @ x
+        value = 0.5 * float(rows @ rows) - 0.5 * float(self.dv[p:] @ x) + self.const
+        if p == 0:
+            return value
+        u = rho + float(self.a[:p] @ s) - 0.5 * self.Nah[p]
+        return value + 0.5 * float(self.h[:p] @ s) - 0.125 * self.Nh[p] + 0.5 * u * u / self.Na[p]
+
     def root_bound(self) -> float:
         """The bound with nothing decided (equals :func:`relaxation_value` for the same shift)."""
         n = len(self.order)

@@ -157,7 +157,7 @@ def _search(R, a, h, dv, Na, Nh, Nah, Qp, const, slack, thr, heap_e, heap_s, st,
                 e += Qp[i, i]
                 for t in range(u + 1, m):
                     e += Qp[i, idx[t]]
-            if e <= lim:
+            if e <= lim + slack:
                 nh = _push(heap_e, heap_s, nh, e, X, n)
             continue
         lv[q, 0] = D + (R[q, q] * v + s) ** 2
