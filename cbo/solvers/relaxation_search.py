@@ -87,11 +87,12 @@ def _push(heap_e, heap_s, nh, e, X, Qn):
 
 
 @njit(cache=True)
-def _search(R, a, h, dv, Na, Nh, Nah, Qp, const, slack, thr, heap_e, heap_s, st, fl, S, lv, child, bb, X, budget):
+def _search(R, a, h, dv, Na, Nh, Nah, Qp, const, slack, thr, heap_e, heap_s, st, fl, S, lv, child, bb, X, top, budget):
     """Run the depth-first search for at most ``budget`` nodes from the state in (st, fl, S, lv, child, bb, X).
 
     st = [level p, heap size, nodes, leaves]; fl = [covered fraction]; lv[p] = (D, T_a, T_h, Σdv, ρ) of the
-    node at level p; child[p] = children tried; bb[p] = the two children's bounds. Level n + 1 means done.
+    node at level p; child[p] = children tried; bb[p] = the two children's bounds. The search covers the
+    subtree of the node at level ``top``; level top + 1 means done.
     """
     n = R.shape[0]
     p = st[0]
@@ -100,7 +101,7 @@ def _search(R, a, h, dv, Na, Nh, Nah, Qp, const, slack, thr, heap_e, heap_s, st,
     leaves = st[3]
     covered = fl[0]
     idx = np.empty(n, dtype=np.int64)
-    while p <= n and nodes < budget:
+    while p <= top and nodes < budget:
         if child[p] >= 2:
             p += 1
             continue
@@ -140,11 +141,11 @@ def _search(R, a, h, dv, Na, Nh, Nah, Qp, const, slack, thr, heap_e, heap_s, st,
         if nh == heap_e.shape[0] and heap_e[0] < lim:
             lim = heap_e[0]
         if bb[p, v] == np.inf or bb[p, v] + const > lim + slack:
-            covered += 2.0 ** (q - n)
+            covered += 2.0 ** (q - top)
             continue
         X[q] = v
         if q == 0:
-            covered += 2.0 ** (-n)
+            covered += 2.0 ** (-top)
             leaves += 1
             m = 0
             for j in range(n):
@@ -180,27 +181,62 @@ def _search(R, a, h, dv, Na, Nh, Nah, Qp, const, slack, thr, heap_e, heap_s, st,
     fl[0] = covered
 
 
-class _Run:
-    """One resumable search: a factor, a threshold and the kernel's state arrays."""
+class SubtreeSearch:
+    """A resumable search of the subtree below one node: a factor, a threshold and the kernel's state.
 
-    def __init__(self, fac: CholeskyFactor, k: int, threshold: float) -> None:
+    ``decided`` holds the 0/1 values of the factor's last positions (the node; empty for the whole tree). A
+    search is split for threads, processes or machines by running one of these per node of a fixed depth
+    (:func:`split`), each with the best threshold known (any upper bound on the global k-th best is valid), and
+    merging the states they find.
+
+    Example:
+        >>> from cbo.instances import fisher_block_qubo
+        >>> from cbo.solvers.relaxation import factor, processing_order, shor_shift
+        >>> Q = fisher_block_qubo(16, seed=0).qubo_matrix()
+        >>> fac = factor(Q, 5, shor_shift(Q, 5).w + 0.05, processing_order(Q))
+        >>> run = SubtreeSearch(fac, k=3)
+        >>> run.step(10**6); run.done
+        True
+    """
+
+    def __init__(self, fac: CholeskyFactor, k: int, threshold: float = np.inf, decided: Any = ()) -> None:
         n = len(fac.order)
+        x = np.asarray(decided, dtype=np.int8).reshape(-1)
+        top = n - len(x)
+        if top < 0 or np.any((x != 0) & (x != 1)):
+            raise SolverError(f"decided must hold at most {n} values 0/1, got {len(x)}.")
         self.fac = fac
         self.threshold = float(threshold)
+        self.top = top
         self.heap_e = np.full(k, np.inf)
         self.heap_s = np.zeros((k, n), dtype=np.int8)
-        self.st = np.array([n, 0, 0, 0], dtype=np.int64)
+        self.st = np.array([top, 0, 0, 0], dtype=np.int64)
         self.fl = np.zeros(1)
         self.S = np.zeros((n + 1, n))
         self.lv = np.zeros((n + 1, 5))
-        self.lv[n, 4] = fac.r
         self.child = np.zeros(n + 1, dtype=np.int64)
         self.bb = np.zeros((n + 1, 2))
         self.X = np.zeros(n, dtype=np.int8)
+        self.X[top:] = x
+        rho = fac.r - int(x.sum())
+        if rho < 0 or rho > top or top == 0:
+            # no completion, or the node is a leaf: nothing to search (a leaf's state is offered once below)
+            self.st[0] = top + 1
+            if top == 0 and rho == 0:
+                e = float(_energies(fac.Q, x[None])[0])
+                if e <= self.threshold:
+                    self.heap_e[0] = e
+                    self.heap_s[0] = x
+                    self.st[1] = 1
+            return
+        rows = fac.R[top:, top:] @ x
+        s = fac.R[:top, top:] @ x
+        self.S[top, :top] = s
+        self.lv[top] = (rows @ rows, fac.a[:top] @ s, fac.h[:top] @ s, fac.dv[top:] @ x, rho)
 
     @property
     def done(self) -> bool:
-        return int(self.st[0]) > len(self.fac.order)
+        return int(self.st[0]) > self.top
 
     @property
     def nodes(self) -> int:
@@ -208,13 +244,16 @@ class _Run:
 
     @property
     def covered(self) -> float:
+        """Fraction of the subtree closed (Σ 2^−depth over closed subtrees below the node)."""
         return 1.0 if self.done else float(self.fl[0])
 
     def step(self, budget: int) -> None:
+        """Search for at most ``budget`` more nodes."""
         f = self.fac
         _search(
             f.R, f.a, f.h, f.dv, f.Na, f.Nh, f.Nah, f.Q, f.const, f.slack, self.threshold,
-            self.heap_e, self.heap_s, self.st, self.fl, self.S, self.lv, self.child, self.bb, self.X, int(budget),
+            self.heap_e, self.heap_s, self.st, self.fl, self.S, self.lv, self.child, self.bb, self.X,
+            self.top, int(budget),
         )  # fmt: skip
 
     def found(self) -> tuple[np.ndarray, np.ndarray]:
@@ -224,6 +263,26 @@ class _Run:
         states = np.zeros((nh, len(self.fac.order)), dtype=np.uint8)
         states[:, self.fac.order] = self.heap_s[:nh][keep]
         return self.heap_e[:nh][keep].copy(), states
+
+
+def split(fac: CholeskyFactor, depth: int, threshold: float = np.inf) -> list[np.ndarray]:
+    """The nodes at ``depth`` decided positions whose bound does not exceed ``threshold``: their ``decided``
+    arrays (values of the last ``depth`` positions), for one :class:`SubtreeSearch` each. Every state at or
+    below the threshold lies below exactly one of them."""
+    n = len(fac.order)
+    depth = min(int(depth), n)
+    out: list[np.ndarray] = []
+    stack = [np.zeros(0, dtype=np.int8)]
+    while stack:
+        x = stack.pop()
+        if fac.node_bound(x) > threshold + fac.slack:
+            continue
+        if len(x) == depth:
+            out.append(x)
+            continue
+        for v in (1, 0):
+            stack.append(np.concatenate([[v], x]).astype(np.int8))
+    return out
 
 
 @dataclass
@@ -355,7 +414,7 @@ def search_top_k(
     if len(candidates) > 1:
         best = -1.0
         for cand in candidates:
-            run = _Run(factor(Q, r, w0 + cand * scale, perm), k, kth(threshold))
+            run = SubtreeSearch(factor(Q, r, w0 + cand * scale, perm), k, kth(threshold))
             run.step(race_nodes)
             parts.append(run.found())
             info["race"].append({"alpha": cand, "covered": run.covered, "nodes": run.nodes})
@@ -366,7 +425,7 @@ def search_top_k(
                 best, chosen = run.covered, cand
             if out_of_time():
                 return finish(False, raced, 0.0, chosen, run.fac.root_bound(), info)
-    run = _Run(factor(Q, r, w0 + chosen * scale, perm), k, kth(threshold))
+    run = SubtreeSearch(factor(Q, r, w0 + chosen * scale, perm), k, kth(threshold))
     limit = np.inf if node_limit is None else int(node_limit)
     try:
         while not run.done and run.nodes < limit and not out_of_time():

@@ -21,7 +21,7 @@ from cbo.solvers.relaxation import (
     relaxation_value,
     shor_shift,
 )
-from cbo.solvers.relaxation_search import search_top_k
+from cbo.solvers.relaxation_search import SubtreeSearch, search_top_k, split
 
 
 def _qubos(n: int, seed: int) -> list[tuple[str, BlockQUBO]]:
@@ -227,3 +227,25 @@ def test_search_progress_and_bad_input():
         search_top_k(Q, 3, 2, seed_states=np.ones((1, 10)))
     with pytest.raises(SolverError, match="square"):
         search_top_k(np.ones((3, 4)), 1)
+
+
+@pytest.mark.parametrize("depth", [0, 3, 9, 12])
+def test_split_search_merged_equals_brute_force(depth):
+    """Subtrees of a split, searched one by one with a shared threshold, give the same top-k as one search."""
+    q = fisher_block_qubo(12, 7, samples=5)
+    Q = q.qubo_matrix()
+    X, E = all_feasible(q, 5)
+    fac = factor(Q, 5, shor_shift(Q, 5).w + 0.1 * energy_scale(Q), processing_order(Q))
+    threshold = float(E[5])  # the 6th best: every subtree may use any upper bound on the k-th best
+    tasks = split(fac, depth, threshold)
+    assert 0 < len(tasks) <= 2**depth
+    found = []
+    for decided in tasks:
+        run = SubtreeSearch(fac, 6, threshold, decided)
+        run.step(10**7)
+        assert run.done
+        found.append(run.found())
+    energies = np.sort(np.concatenate([e for e, _ in found]))
+    assert np.allclose(energies[:6], E[:6])
+    states = np.concatenate([s for _, s in found])
+    assert np.all(states.sum(1) == 5) and np.allclose(np.sort(q.energy(states)), energies)
