@@ -9,7 +9,9 @@ Grids (``--grid``, comma-separated):
   (how the proof time grows with N and M).
 
 ``--compare auto,cpsat,enumerate`` also runs those solvers through ``cbo.solve`` (``--compare-limit`` seconds
-each; ``auto`` without a limit, as users call it) and records their energies against the proven ones. Every
+each; ``auto`` without a limit, as users call it) and records their energies against the proven ones;
+``relaxation+auto`` (after ``auto`` in the list) is the relaxation search seeded with auto's states (its threshold
+starts at auto's k-th best and auto's states join the answer, so it is never worse than auto). Every
 run is one JSON line in ``--out/results.jsonl``; a rerun skips the runs already recorded, so an interrupted
 measurement loses nothing. The Markdown table goes to stdout and ``--out/table.md``; ``--plot`` draws the
 scaling grid's proof times (needs matplotlib). One thread; report CPU seconds beside wall time::
@@ -63,9 +65,16 @@ def instances(grids: list[str]) -> Iterator[tuple[str, BlockQUBO, int]]:
                     yield f"fisher_block_qubo({n}, samples={s})", q, m
 
 
-def run_relaxation(q: BlockQUBO, m: int, k: int, time_limit: float) -> dict[str, Any]:
+def run_relaxation(q: BlockQUBO, m: int, k: int, time_limit: float, seed: dict | None = None) -> dict[str, Any]:
+    """The relaxation search; ``seed``: a recorded run whose states start the threshold and join the answer."""
     problem = Problem(q, m, k, 0, None)
-    res = search_top_k(problem.Q, problem.r, k, time_limit=time_limit)
+    seeds = None
+    if seed is not None:
+        seeds = np.zeros((len(seed["states"]), q.n), dtype=np.uint8)
+        for row, removed in enumerate(seed["states"]):
+            seeds[row, removed] = 1
+        seeds = seeds[:, problem.free]
+    res = search_top_k(problem.Q, problem.r, k, time_limit=time_limit, seed_states=seeds)
     return {
         "exact": res.exact,
         "seconds": res.seconds,
@@ -125,6 +134,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 continue
             if solver == "relaxation":
                 rec = run_relaxation(q, m, args.k, args.time_limit)
+            elif solver == "relaxation+auto":
+                auto = done.get((name, m, "auto", args.k)) or next(
+                    (r for r in records if (r["instance"], r["M"], r["solver"]) == (name, m, "auto")), None
+                )
+                if auto is None:
+                    raise SystemExit("relaxation+auto needs an auto run first: list auto before it in --compare")
+                rec = run_relaxation(q, m, args.k, args.time_limit, seed=auto)
             else:
                 rec = run_solver(q, m, args.k, solver, None if solver == "auto" else args.compare_limit)
             rec.update({"instance": name, "n": q.n, "M": m, "solver": solver, "k": args.k, "machine": machine})

@@ -14,6 +14,15 @@ times the energy scale. ``α`` is chosen by a race: each candidate searches for 
 one that closed the largest fraction of the tree wins (the fraction is Σ 2^−depth over closed subtrees, which
 is also the progress shown). Every state a racer finds is kept and tightens the threshold of the real run.
 
+Use from the enumerator (``cbo/solvers/enumerate/``), for problems without caps or a parameter budget: the plan
+computes ``w = shor_shift(Problem.Q, r).w`` once, the processing order (:func:`processing_order`: expensive
+blocks decided first — the opposite of the lexicographic kernel's ascending order, and it matters), races α,
+and either calls :func:`search_top_k` (one thread) or, to use threads/processes/Ray, ``split(fac, depth,
+threshold)`` into subtrees and runs one :class:`SubtreeSearch` per subtree with the smallest k-th best known so
+far as its threshold (every subtree's k-th best is an upper bound on the global one), merging the states
+found. Seed the threshold with the heuristic's top-k (``seed_states``) so that a time-limited run is never
+worse than ``auto``. Energies here are over the free blocks; add ``Problem.const``.
+
 Measured on this machine (2 shared cores, one thread; ``research/relaxation_figures.py``): the SmolLM2
 sublayer Fisher QUBO (N = 60, rank 32) proves its top-10 at M = 8..30 in under a second; 80-block
 Fisher-shaped instances (``cbo.instances.fisher_block_qubo``) with 2048 and 128 gradient samples prove
