@@ -353,7 +353,7 @@ def search_top_k(
         Q: (n, n) QUBO matrix over the free blocks (``Problem.Q``).
         r: blocks to remove.
         k: states to return.
-        alpha: uniform extra shift in units of the energy scale; None races ``RACE_ALPHAS``.
+        alpha: uniform extra shift (> 0) in units of the energy scale; None races ``RACE_ALPHAS``.
         shift: the base shift ``w`` (default: :func:`~cbo.solvers.relaxation.shor_shift` of the root).
         order: processing order (default :func:`~cbo.solvers.relaxation.processing_order`).
         seed_states: (m, n) 0/1 states from a heuristic (e.g. ``cbo.solve(q, M, "auto")``): their k-th best
@@ -382,8 +382,9 @@ def search_top_k(
         raise SolverError(f"r must be an integer in 0..{n}, got {r!r}.")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise SolverError(f"k must be an integer >= 1, got {k!r}.")
-    if alpha is not None and not (np.isfinite(alpha) and alpha >= 0):
-        raise SolverError(f"alpha must be a number >= 0 or None, got {alpha!r}.")
+    if alpha is not None and not (np.isfinite(alpha) and alpha > 0):
+        # at 0 the Shor shift sits on the edge of convexity and the rounding slack swamps the bound
+        raise SolverError(f"alpha must be a number > 0 (e.g. 1e-3) or None, got {alpha!r}.")
     if time_limit is not None and not time_limit > 0:
         raise SolverError(f"time_limit must be > 0 seconds, got {time_limit!r}.")
     parts: list[tuple[np.ndarray, np.ndarray]] = []
@@ -424,7 +425,11 @@ def search_top_k(
         best = -1.0
         for cand in candidates:
             run = SubtreeSearch(factor(Q, r, w0 + cand * scale, perm), k, kth(threshold))
-            run.step(race_nodes)
+            try:
+                run.step(race_nodes)
+            except KeyboardInterrupt:
+                parts.append(run.found())
+                return finish(False, raced, 0.0, chosen, run.fac.root_bound(), {**info, "interrupted": True})
             parts.append(run.found())
             info["race"].append({"alpha": cand, "covered": run.covered, "nodes": run.nodes})
             raced += run.nodes

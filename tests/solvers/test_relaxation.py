@@ -173,7 +173,7 @@ def test_search_top_k_equals_brute_force(seed):
                 assert len({s.tobytes() for s in res.states}) == len(res.states)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1e-3, 0.3])
+@pytest.mark.parametrize("alpha", [1e-4, 1e-3, 0.3])
 def test_search_with_a_fixed_alpha_or_order(alpha):
     q = fisher_block_qubo(12, 5, samples=6)
     Q = q.qubo_matrix()
@@ -221,8 +221,9 @@ def test_search_progress_and_bad_input():
         search_top_k(Q, 11, 2)
     with pytest.raises(SolverError, match="k must be"):
         search_top_k(Q, 3, 0)
-    with pytest.raises(SolverError, match="alpha"):
-        search_top_k(Q, 3, 2, alpha=-1.0)
+    for bad in (-1.0, 0.0):
+        with pytest.raises(SolverError, match="alpha"):
+            search_top_k(Q, 3, 2, alpha=bad)
     with pytest.raises(SolverError, match="seed_states"):
         search_top_k(Q, 3, 2, seed_states=np.ones((1, 10)))
     with pytest.raises(SolverError, match="square"):
