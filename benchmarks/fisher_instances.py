@@ -1,0 +1,67 @@
+"""Save the Fisher-shaped synthetic instances under ``benchmarks/instances/`` and compare them with the real ones.
+
+``cbo.instances.fisher_block_qubo`` draws ``H = AᵀA / samples`` from simulated per-sequence gate gradients fitted
+to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This script writes, with seed 0:
+
+* ``synthetic-fisher_sublayer_n60_s32.cboq``: the real sublayer instance's shape (60 halves, 32 samples, rank 32);
+* ``synthetic-fisher_layer_n80_s32.cboq``: 80 layers (a 70B model's block count) with the project's default
+  32 calibration sequences (rank 32: the hard case, 48 null directions);
+* ``synthetic-fisher_layer_n80_s128.cboq`` and ``..._s2048.cboq``: the same model shape with 128 and with the
+  paper's 2048 gradient samples (full rank).
+
+and prints the statistics of each (``cbo.instances.fisher_statistics``) beside the real instances'::
+
+    PYTHONPATH=. .venv/bin/python benchmarks/fisher_instances.py
+    PYTHONPATH=. .venv/bin/python benchmarks/fisher_instances.py --out /tmp/inst --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cbo.instances import fisher_block_qubo, fisher_statistics
+from cbo.qubo import BlockQUBO
+
+INSTANCES = Path(__file__).resolve().parent / "instances"
+REAL = ("smollm2-135m_sublayer_fisher-kl", "smollm2-135m_layer_fisher-kl")
+# (granularity, n, samples) of the saved instances
+SPECS = (("sublayer", 60, 32), ("layer", 80, 32), ("layer", 80, 128), ("layer", 80, 2048))
+
+
+def instance_name(granularity: str, n: int, samples: int, seed: int = 0) -> str:
+    """File stem of a saved synthetic instance."""
+    tail = "" if seed == 0 else f"_seed{seed}"
+    return f"synthetic-fisher_{granularity}_n{n}_s{samples}{tail}"
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(INSTANCES), help="folder for the .cboq files")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in REAL:
+        rows.append((name, fisher_statistics(BlockQUBO.load(INSTANCES / f"{name}.cboq").H)))
+    written = []
+    for granularity, n, samples in SPECS:
+        q = fisher_block_qubo(n, args.seed, samples=samples, granularity=granularity)
+        q.metadata["instance"] = {"source": "benchmarks/fisher_instances.py", "seed": args.seed}
+        path = out / f"{instance_name(granularity, n, samples, args.seed)}.cboq"
+        q.save(path)
+        written.append(path)
+        rows.append((path.stem, fisher_statistics(q.H)))
+    keys = list(rows[0][1])
+    print("| instance | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for name, stats in rows:
+        print(f"| {name} | " + " | ".join(f"{stats[k]:.3g}" for k in keys) + " |")
+    for path in written:
+        print(path)
+    return written
+
+
+if __name__ == "__main__":
+    main()
