@@ -322,7 +322,8 @@ def select_blocks(
         >>> select_blocks("block_influence", model, splits, remove=8)      # doctest: +SKIP
         [16, 17, 18, 19, 20, 21, 22, 23]
     """
-    check_count(remove, "remove")
+    if check_count(remove, "remove") < 1:
+        raise InfeasibleError(f"remove must be >= 1, got {remove}.")
     cls = BASELINES.get(method)
     ranking = rank_blocks(
         method,

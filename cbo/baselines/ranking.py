@@ -102,12 +102,22 @@ class Ranking:
         """The largest M this ranking can answer."""
         if self.sets is not None:
             return max(self.sets, default=0)
+        if self.distances is not None:
+            return self._longest_run()
         removable = len(self._removable())
         if removable == self.n:
             removable -= 1  # something must remain
         if self.order is not None:
             removable = min(removable, len(self.order))
         return removable
+
+    def _longest_run(self) -> int:
+        """The longest contiguous run of blocks that are not kept (a run method removes one such run)."""
+        best = length = 0
+        for i in range(self.n):
+            length = 0 if i in self.keep else length + 1
+            best = max(best, length)
+        return min(best, self.n - 1)  # something must remain
 
     def select(self, remove: int, *, caps: Mapping[str, int] | None = None) -> list[int]:
         """The ``remove`` blocks this method removes (sorted indices).
