@@ -275,17 +275,7 @@ def rank_blocks(
 
         cache = MeasureCache(cache_dir, model, blocks)
     ctx = RankContext(
-        method=cls.name,
-        model=model,
-        windows=windows,
-        blocks=blocks,
-        granularity=granularity,
-        keep=tuple(keep_idx),
-        caps=caps,
-        max_remove=steps,
-        batch_size=batch_size,
-        progress=progress,
-        cache=cache,
+        cls.name, model, windows, blocks, granularity, tuple(keep_idx), caps, steps, batch_size, progress, cache
     )
     t0 = time.perf_counter()
     was_training = model.training

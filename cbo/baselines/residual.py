@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from abc import abstractmethod
 from typing import Any
 
 import numpy as np
@@ -132,31 +133,40 @@ def angular_distances(last_states: np.ndarray) -> np.ndarray:
     return (np.arccos(np.clip(cos, -1.0, 1.0)) / math.pi).mean(axis=0)
 
 
+class ResidualBaseline(Baseline):
+    """A baseline computed from one pass of :func:`residual_statistics`; subclasses define ``from_statistics``."""
+
+    def rank(self, ctx: RankContext) -> Ranking:
+        stats = residual_statistics(ctx.model, ctx.windows, ctx.granularity, batch_size=ctx.batch_size)
+        r = self.from_statistics(ctx, stats)
+        r.passes["forward"] = stats["forward"]
+        return r
+
+    @abstractmethod
+    def from_statistics(self, ctx: RankContext, stats: dict) -> Ranking:
+        """The ranking from the statistics of :func:`residual_statistics`."""
+
+
 @BASELINES.register
-class BlockInfluence(Baseline):
+class BlockInfluence(ResidualBaseline):
     """ShortGPT's block influence: one pass, remove the blocks that change the residual stream least."""
 
     name = "block_influence"
     description = "ShortGPT: remove the M blocks with the lowest 1 − mean cos(input, output)"
 
-    def rank(self, ctx: RankContext) -> Ranking:
-        stats = residual_statistics(ctx.model, ctx.windows, ctx.granularity, batch_size=ctx.batch_size)
+    def from_statistics(self, ctx: RankContext, stats: dict) -> Ranking:
         bi = 1.0 - stats["cos"]
         r = ctx.ranking(scores=ctx.masked(bi))
-        r.passes["forward"] = stats["forward"]
         r.info["block_influence"] = [float(v) for v in bi]
         return r
 
 
 @BASELINES.register
-class Angular(Baseline):
+class Angular(ResidualBaseline):
     """Gromov et al.'s angular distance: remove the contiguous run across which the last token turns least."""
 
     name = "angular"
     description = "Gromov et al.: remove the contiguous run whose last-token angular distance is smallest"
 
-    def rank(self, ctx: RankContext) -> Ranking:
-        stats = residual_statistics(ctx.model, ctx.windows, ctx.granularity, batch_size=ctx.batch_size)
-        r = ctx.ranking(distances=angular_distances(stats["last"]))
-        r.passes["forward"] = stats["forward"]
-        return r
+    def from_statistics(self, ctx: RankContext, stats: dict) -> Ranking:
+        return ctx.ranking(distances=angular_distances(stats["last"]))

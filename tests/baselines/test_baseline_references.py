@@ -230,3 +230,28 @@ def test_prune_depth_dispatches_to_baselines(llama, windows, tiny_windows):
     report = prune_depth(llama, splits=splits, remove=2, method="block_influence", progress=False, cache_dir=None)
     assert report.chosen_blocks == B.select_blocks("block_influence", llama, windows, 2)
     assert report.pruned_model.config.num_hidden_layers == N_LAYERS - 2
+
+
+def test_sleb_interrupted_resumes_from_its_measurement_cache(llama, windows, tmp_path, monkeypatch):
+    """An interrupted SLEB run started again measures only what it had not measured; the result is the same."""
+    import cbo.hessian.measure as measure
+
+    full = B.rank_blocks("sleb", llama, windows, max_remove=3, batch_size=4)
+    real, calls = measure.measure_sets, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # step 1 done (two batches), interrupted in step 2
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "measure_sets", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        B.rank_blocks("sleb", llama, windows, max_remove=3, batch_size=4, cache_dir=tmp_path)
+    monkeypatch.setattr(measure, "measure_sets", real)
+    resumed = B.rank_blocks("sleb", llama, windows, max_remove=3, batch_size=4, cache_dir=tmp_path)
+    assert resumed.order == full.order and resumed.order_losses == full.order_losses
+    assert resumed.info["measurement"]["measured"] == 2 * (4 + 3)  # step 1 came from the cache
+    again = B.rank_blocks("sleb", llama, windows, max_remove=3, batch_size=4, cache_dir=tmp_path)
+    assert again.order_losses == full.order_losses
+    assert again.info["measurement"]["measured"] == 0 and again.passes["forward"] == 0
