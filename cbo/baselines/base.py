@@ -10,8 +10,7 @@ Lifecycle of :func:`rank_blocks`: resolve the name and check the options (regist
 keep, caps and ``max_remove`` (bad input fails here, before any forward pass), build a :class:`RankContext`,
 put the model in eval mode, ``rank(ctx)``, restore the model's training mode (also on error).
 
-Example:
-    >>> from dataclasses import dataclass
+Example (a new baseline):
     >>> @BASELINES.register                                              # doctest: +SKIP
     ... class Last(Baseline):
     ...     name, description = "last", "remove the last M blocks"
