@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cbo import assets
 from cbo.errors import DataError
 from cbo.extras import require
 
@@ -35,12 +36,6 @@ torch = require("torch", "token windows")
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")
 SPLITS = ("calibration", "validation", "test")
 SPLIT_BY = ("document", "contiguous")
-# preferred novels per split for the default text; a split takes further novels only if it needs more tokens
-AUSTEN_ROLES = {
-    "calibration": ("emma", "pride_and_prejudice", "sense_and_sensibility"),
-    "validation": ("mansfield_park", "northanger_abbey"),
-    "test": ("persuasion",),
-}
 
 
 @dataclass
@@ -106,9 +101,7 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
         DataError: the source does not exist, has no text, or is of an unknown type.
     """
     if source is None:
-        from cbo.assets import default_text_path
-
-        source = default_text_path()
+        source = assets.default_text_path()
     if isinstance(source, (str, os.PathLike)):
         path = Path(source).expanduser()
         if path.is_dir():
@@ -399,7 +392,7 @@ def make_splits(
     is_default = source is None
     raw = load_documents(source)
     docs = [_Doc(n, t, tokenizer) for n, t in raw]
-    roles = AUSTEN_ROLES if is_default else None
+    roles = assets.AUSTEN_ROLES if is_default else None
 
     assigned = _assign_documents(docs, wanted, body, roles, seed) if split_by == "document" else None
     if split_by == "document" and assigned is None:
