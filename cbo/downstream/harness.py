@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from cbo.downstream.local_tasks import LOCAL_TAG, LOCAL_TASKS, ensure_local_tasks
+from cbo.downstream.local_tasks import LOCAL_TAG, LOCAL_TASKS, ensure_local_tasks, installed_local_tasks
 from cbo.errors import DataError, UnknownNameError
 from cbo.extras import require
 from cbo.models import silenced
@@ -42,7 +42,8 @@ def uses_local_tasks(names: Sequence[str]) -> bool:
 
 
 def task_manager(names: Sequence[str], include_path: str | Path | None = None) -> Any:
-    """An lm-eval ``TaskManager`` that knows the local tasks (written first if missing) and ``include_path``.
+    """An lm-eval ``TaskManager`` that knows the local tasks (written from the default text first if missing) and
+    ``include_path``.
 
     When every name is a local task, lm-eval's own task index (thousands of YAML files, most of a minute to
     read) is skipped.
@@ -54,7 +55,7 @@ def task_manager(names: Sequence[str], include_path: str | Path | None = None) -
     require("lm_eval", "downstream evaluation")
     from lm_eval.tasks import TaskManager
 
-    paths = [str(ensure_local_tasks())] if uses_local_tasks(names) else []
+    paths = [str(installed_local_tasks() or ensure_local_tasks())] if uses_local_tasks(names) else []
     if include_path is not None:
         paths.append(str(Path(include_path).expanduser()))
     only_local = include_path is None and all(n in LOCAL_TASKS or n == LOCAL_TAG for n in names)

@@ -73,18 +73,22 @@ def local_tasks_dir() -> Path:
 
 
 def chapters(text: str) -> list[list[str]]:
-    """Paragraphs (whitespace collapsed) of each chapter; headings and the title page dropped."""
+    """Paragraphs (whitespace collapsed) of each chapter; the headings, and the title page before the first
+    heading, dropped."""
     out: list[list[str]] = [[]]
+    headed = False
     for block in re.split(r"\n\s*\n", text):
         para = " ".join(block.split())
         if not para:
             continue
         if _CHAPTER.match(para) and len(para.split()) <= 4:
-            if out[-1]:
+            if out[-1] or not headed:
                 out.append([])
+            headed = True
             continue
-        if len(para.split()) >= 8:
-            out[-1].append(para)
+        out[-1].append(para)
+    if headed:
+        out = out[1:]
     return [c for c in out if c]
 
 
@@ -306,6 +310,20 @@ def _current(folder: Path, expected: dict) -> bool:
     )
 
 
+def installed_local_tasks(folder: str | Path | None = None) -> Path | None:
+    """The folder of local tasks written earlier (by ``cbo setup`` or a first use), whatever text they were made
+    from; None when they are missing, incomplete, or were written for another folder."""
+    folder = Path(folder).expanduser() if folder is not None else local_tasks_dir()
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("version") != GENERATOR_VERSION or manifest.get("folder") != str(folder.resolve()):
+        return None
+    files = [folder / f"{name}.{ext}" for name in LOCAL_TASKS for ext in ("yaml", "jsonl")]
+    return folder if all(f.is_file() for f in files) else None
+
+
 def ensure_local_tasks(
     folder: str | Path | None = None, *, text: str | Path | None = None, sizes: TaskSizes | None = None
 ) -> Path:
@@ -373,6 +391,7 @@ __all__ = [
     "choice_items",
     "cloze_items",
     "ensure_local_tasks",
+    "installed_local_tasks",
     "local_tasks_dir",
     "split_sentences",
     "task_configs",
