@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -58,7 +59,7 @@ def gguf_architecture(path: str | os.PathLike) -> str:
     gguf = require("gguf", "reading GGUF files")
     try:
         field = gguf.GGUFReader(str(path)).fields.get("general.architecture")
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, IndexError, KeyError, struct.error) as exc:
         raise ModelError(f"{str(path)!r} is a damaged GGUF file: {exc}") from exc
     if field is None:
         raise ModelError(f"{str(path)!r} has no general.architecture field; it is not a model GGUF")
@@ -146,10 +147,15 @@ def convert_gguf(
     kwargs = {"dtype": dtype}
     if hasattr(transformers, "GgufConfig"):  # transformers versions that keep GGUF blocks packed unless told
         kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
-    with silenced(not progress):
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, **kwargs)
-        _say(progress, "reading the tokenizer (large vocabularies take a minute)")
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    try:
+        with silenced(not progress):
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(source.parent), gguf_file=source.name, **kwargs
+            )
+            _say(progress, "reading the tokenizer (large vocabularies take a minute)")
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise ModelError(f"transformers could not read the {arch!r} model in {str(source)!r}: {exc}") from exc
     detach_quantizer(model)
     seconds = time.perf_counter() - t0
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=parent))

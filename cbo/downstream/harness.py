@@ -170,7 +170,8 @@ def evaluate_tasks(
     include_path: str | Path | None = None,
     progress: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """Run lm-eval tasks on an in-memory model; returns ``{task: {metric: value}}`` (plain floats).
+    """Run lm-eval tasks on an in-memory model; returns ``{task: {metric: value}}`` (plain floats), tasks in the
+    order given (the tasks of a tag or group by name).
 
     Args:
         model, tokenizer: a causal LM (pruned or not) and its tokenizer, used as they are.
@@ -220,11 +221,12 @@ def evaluate_tasks(
         ) from exc
     finally:
         model.train(was_training)
-    results = {task: _metrics(values) for task, values in (out or {}).get("results", {}).items()}
+    found = {task: _metrics(values) for task, values in (out or {}).get("results", {}).items()}
     for task, counts in (out or {}).get("n-samples", {}).items():
-        if task in results:
-            results[task]["n"] = float(counts.get("effective", counts.get("original", 0)))
-    return results
+        if task in found:
+            found[task]["n"] = float(counts.get("effective", counts.get("original", 0)))
+    order = [n for n in names if n in found] + sorted(t for t in found if t not in names)
+    return {task: found[task] for task in order}  # in the order asked for; a tag's tasks by name
 
 
 __all__ = [
