@@ -55,7 +55,7 @@ def eval_tasks(
         if limit is not None and (limit <= 0 or (limit >= 1 and limit != int(limit))):
             raise DataError(f"--limit {limit} must be a whole number of items or a fraction in (0, 1)")
         names = parse_tasks(tasks)
-        task_manager(names, include_path)  # unknown names fail before the model is loaded
+        manager = task_manager(names, include_path)  # unknown names fail before the model is loaded
         if not quiet:
             typer.echo(f"loading {model} ...", err=True)
         m, tok = load_model(model, quiet=quiet)
@@ -67,8 +67,8 @@ def eval_tasks(
             num_fewshot=num_fewshot,
             batch_size=batch_size,
             seed=seed,
-            include_path=include_path,
             progress=not quiet,
+            manager=manager,
         )
     except CBOError as exc:
         typer.echo(f"eval failed: {exc}", err=True)

@@ -169,6 +169,7 @@ def evaluate_tasks(
     bootstrap_iters: int = 1000,
     include_path: str | Path | None = None,
     progress: bool = True,
+    manager: Any = None,
 ) -> dict[str, dict[str, float]]:
     """Run lm-eval tasks on an in-memory model; returns ``{task: {metric: value}}`` (plain floats), tasks in the
     order given (the tasks of a tag or group by name).
@@ -185,6 +186,8 @@ def evaluate_tasks(
         bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexity); 0 skips them.
         include_path: a folder of further task YAML files.
         progress: lm-eval's progress bars and messages (False: quiet).
+        manager: the ``TaskManager`` of an earlier :func:`task_manager` call for the same names (checked
+            names, and lm-eval's task index read once).
 
     Each task's entry also holds ``"n"``, the number of items evaluated.
 
@@ -195,7 +198,7 @@ def evaluate_tasks(
     lm_eval = require("lm_eval", "downstream evaluation")
     require("datasets", "downstream evaluation")
     names = parse_tasks(tasks)
-    manager = task_manager(names, include_path)
+    manager = manager if manager is not None else task_manager(names, include_path)
     lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=max_length)
     was_training = getattr(model, "training", False)
     try:
