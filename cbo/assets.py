@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 from cbo.convert import MANIFEST, convert_gguf, is_converted
 from cbo.errors import CBOError, DataError, ModelError
-from cbo.models import DEFAULT_MODEL, MODEL_ASSETS, SETUP_HINT, ModelAsset, cbo_home, writable_dir
+from cbo.models import DEFAULT_MODEL, MODEL_ASSETS, SETUP_HINT, ModelAsset, cbo_home, staged_folder, writable_dir
 from cbo.rdata import extract_rdb_from_deb, parse_austen_rdb
 
 TEXT_PACKAGE = "r-cran-janeaustenr"
@@ -315,9 +315,8 @@ def ensure_default_text(progress: bool = True, deb: str | Path | None = None) ->
         missing = [t for t in AUSTEN_TITLES if t not in books]
         if missing:
             raise DataError(f"the Austen archive lacks {missing}; found {sorted(books)}")
-        staging = Path(tempfile.mkdtemp(prefix=".austen-", dir=parent))
-        try:
-            counts = {}
+        counts = {}
+        with staged_folder(target, "text cache") as staging:
             for title in AUSTEN_TITLES:
                 text = "\n".join(books[title]).strip("\n") + "\n"
                 (staging / f"{title}.txt").write_text(text, encoding="utf-8")
@@ -328,13 +327,6 @@ def ensure_default_text(progress: bool = True, deb: str | Path | None = None) ->
                 "total_words": sum(counts.values()),
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-            staging.chmod(0o755)
-            if target.exists():
-                shutil.rmtree(target)
-            staging.rename(target)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
         total = sum(counts.values())
     _say(progress, f"text: wrote {len(counts)} novels ({total:,} words) to {target} ({time.perf_counter() - t0:.1f} s)")
     return target

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from cbo.errors import ModelError
 from cbo.extras import require
-from cbo.models import silenced, writable_dir
+from cbo.models import silenced, staged_folder, writable_dir
 
 GGUF_MAGIC = b"GGUF"
 MANIFEST = "cbo-manifest.json"
@@ -140,7 +138,7 @@ def convert_gguf(
     arch = check_gguf(source)
     _check_output(output, overwrite)
     dtype = torch.float32 if dtype is None else dtype
-    parent = writable_dir(output.parent, "output")
+    writable_dir(output.parent, "output")  # fail on an unwritable place before the long load
     t0 = time.perf_counter()
     dtype_name = str(dtype).replace("torch.", "")
     _say(progress, f"converting {source.name} ({arch}, {source.stat().st_size / 1e6:.0f} MB) to {dtype_name} weights")
@@ -158,11 +156,9 @@ def convert_gguf(
         raise ModelError(f"transformers could not read the {arch!r} model in {str(source)!r}: {exc}") from exc
     detach_quantizer(model)
     seconds = time.perf_counter() - t0
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=parent))
-    try:
-        with silenced(not progress):
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+    with staged_folder(output, "output") as tmp, silenced(not progress):
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
         record = {
             "source": f"GGUF file {source.name}",
             "gguf_architecture": arch,
@@ -175,15 +171,6 @@ def convert_gguf(
             **(manifest or {}),
         }
         (tmp / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        if output.exists():
-            shutil.rmtree(output)
-        tmp.rename(output)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     _say(progress, f"saved {type(model).__name__} to {output} ({time.perf_counter() - t0:.1f} s)")
     return output
 

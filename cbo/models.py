@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -103,6 +104,31 @@ def writable_dir(path: str | os.PathLike, what: str = "cache") -> Path:
             "Point CBO_HOME at a writable folder, e.g. `export CBO_HOME=$HOME/.cache/cbo`."
         ) from exc
     return path
+
+
+@contextlib.contextmanager
+def staged_folder(target: str | os.PathLike, what: str = "cache") -> Iterator[Path]:
+    """A fresh folder beside ``target`` to write into; when the block ends it replaces ``target`` (readable by
+    everyone), and on an error or an interrupt it is removed, so ``target`` is never half-written.
+
+    Raises:
+        CacheDirError: the parent of ``target`` cannot be written.
+    """
+    target = Path(target)
+    parent = writable_dir(target.parent, what)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        for f in staging.iterdir():
+            if f.is_file():
+                f.chmod(0o644)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def default_model_dir() -> Path:

@@ -26,14 +26,12 @@ import json
 import math
 import random
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from cbo.assets import AUSTEN_ROLES, default_text_path
 from cbo.errors import DataError
-from cbo.models import cbo_home, writable_dir
+from cbo.models import cbo_home, staged_folder
 
 LOCAL_TAG = "austen"
 CLOZE, CHOICE = "austen_cloze", "austen_choice"
@@ -360,11 +358,9 @@ def ensure_local_tasks(
     empty = [name for name, rows in items.items() if not rows]
     if empty:
         raise DataError(f"the text {[p.name for p in paths]} yields no items for {empty}; give a longer text")
-    parent = writable_dir(folder.parent, "tasks")
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=parent))
-    try:
-        source_note = f"CBO local task from {', '.join(p.name for p in paths)} (held out of every CBO choice)"
-        configs = task_configs(folder.resolve(), source_note)
+    source_note = f"CBO local task from {', '.join(p.name for p in paths)} (held out of every CBO choice)"
+    configs = task_configs(folder.resolve(), source_note)
+    with staged_folder(folder, "tasks") as staging:
         for name, rows in items.items():
             with (staging / f"{name}.jsonl").open("w", encoding="utf-8") as f:
                 for row in rows:
@@ -372,13 +368,6 @@ def ensure_local_tasks(
             (staging / f"{name}.yaml").write_text(_yaml(configs[name]) + "\n", encoding="utf-8")
         manifest = {**expected, "items": {name: len(rows) for name, rows in items.items()}, "source": source_note}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        staging.chmod(0o755)
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 
