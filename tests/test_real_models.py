@@ -48,6 +48,7 @@ def test_gemma3_windows_blocks_and_surgery(gemma, default_text):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_cli_eval_on_the_default_model_and_a_pruned_one(default_model, default_text, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
