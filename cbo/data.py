@@ -5,6 +5,10 @@ Sources: a text file, a folder of text files (``.txt``, ``.md``, ``.jsonl``), a 
 means the default text: the six Austen novels installed by ``make setup`` (calibration from *Emma*,
 validation from *Mansfield Park*, test from *Persuasion*).
 
+Every window follows the tokenizer's own convention for the start of a sequence: where the tokenizer puts a
+beginning-of-sequence token before a text (Gemma, Llama 2/3, ...), each window starts with it and holds
+``seq_len - 1`` text tokens; where it adds none (SmolLM2, GPT-2, Qwen), a window is ``seq_len`` text tokens.
+
 Example:
     >>> splits = make_splits(tokenizer, seq_len=128, n_calibration=32)   # doctest: +SKIP
     >>> splits.calibration.shape                                            # doctest: +SKIP
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cbo import assets
 from cbo.errors import DataError
 from cbo.extras import require
 
@@ -31,12 +36,6 @@ torch = require("torch", "token windows")
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")
 SPLITS = ("calibration", "validation", "test")
 SPLIT_BY = ("document", "contiguous")
-# preferred novels per split for the default text; a split takes further novels only if it needs more tokens
-AUSTEN_ROLES = {
-    "calibration": ("emma", "pride_and_prejudice", "sense_and_sensibility"),
-    "validation": ("mansfield_park", "northanger_abbey"),
-    "test": ("persuasion",),
-}
 
 
 @dataclass
@@ -102,9 +101,7 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
         DataError: the source does not exist, has no text, or is of an unknown type.
     """
     if source is None:
-        from cbo.assets import default_text_path
-
-        source = default_text_path()
+        source = assets.default_text_path()
     if isinstance(source, (str, os.PathLike)):
         path = Path(source).expanduser()
         if path.is_dir():
@@ -163,7 +160,7 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
 
 def tokenize(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` without special tokens (Hugging Face tokenizer or any callable/encoder)."""
-    if hasattr(tokenizer, "backend_tokenizer") or hasattr(tokenizer, "model_max_length"):
+    if _is_hf_tokenizer(tokenizer):
         out = tokenizer(text, add_special_tokens=False, return_attention_mask=False, verbose=False)
         return list(out["input_ids"])
     if hasattr(tokenizer, "encode"):
@@ -172,6 +169,55 @@ def tokenize(tokenizer: Any, text: str) -> list[int]:
         out = tokenizer(text)
         return list(out["input_ids"] if isinstance(out, dict) else out)
     raise DataError(f"{type(tokenizer).__name__} is not a tokenizer (needs __call__ or encode)")
+
+
+def _is_hf_tokenizer(tokenizer: Any) -> bool:
+    return hasattr(tokenizer, "backend_tokenizer") or hasattr(tokenizer, "model_max_length")
+
+
+def special_prefix(tokenizer: Any) -> list[int]:
+    """The ids a tokenizer puts before every text on its own (``[bos_id]`` for Gemma or Llama 3; ``[]`` for
+    SmolLM2, GPT-2 or a plain encoder).
+
+    Read from the tokenizer itself: what ``tokenizer(text)`` adds in front of ``tokenizer(text,
+    add_special_tokens=False)``. Tokenizers that are not Hugging Face tokenizers add nothing.
+
+    Example:
+        >>> special_prefix(AutoTokenizer.from_pretrained(gemma_folder))   # doctest: +SKIP
+        [2]
+    """
+    if not _is_hf_tokenizer(tokenizer):
+        return []
+    probe = "a"
+    plain = list(tokenizer(probe, add_special_tokens=False, return_attention_mask=False)["input_ids"])
+    full = list(tokenizer(probe, return_attention_mask=False)["input_ids"])
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start]
+    return []
+
+
+def window_prefix(tokenizer: Any, bos: bool | None = None) -> list[int]:
+    """The ids each token window starts with.
+
+    Args:
+        bos: ``None`` follows the tokenizer (:func:`special_prefix`); ``True`` starts every window with the
+            tokenizer's ``bos_token_id``; ``False`` starts windows with text.
+
+    Raises:
+        DataError: ``bos=True`` for a tokenizer that has no beginning-of-sequence token.
+    """
+    if bos is None:
+        return special_prefix(tokenizer)
+    if not bos:
+        return []
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if not isinstance(bos_id, int):
+        raise DataError(
+            f"tokenizer {tokenizer_name(tokenizer)!r} has no beginning-of-sequence token; use bos=None "
+            "(follow the tokenizer) or bos=False"
+        )
+    return [bos_id]
 
 
 def tokenizer_name(tokenizer: Any) -> str:
@@ -260,19 +306,21 @@ def _join(docs: list[_Doc], sep: list[int]) -> list[int]:
     return stream
 
 
-def _sample_windows(stream: list[int], seq_len: int, n: int, rng: random.Random) -> Any:
-    """``n`` distinct non-overlapping windows of a token stream, chosen at random, kept in text order."""
-    slots = len(stream) // seq_len
+def _sample_windows(stream: list[int], body: int, n: int, rng: random.Random, prefix: list[int]) -> Any:
+    """``n`` distinct windows of ``prefix`` + ``body`` tokens of a stream (the bodies never overlap), chosen at
+    random, kept in text order."""
+    slots = len(stream) // body
     chosen = sorted(rng.sample(range(slots), n)) if n < slots else list(range(slots))
     if not chosen:
-        return torch.empty((0, seq_len), dtype=torch.long)
-    return torch.tensor([stream[k * seq_len : (k + 1) * seq_len] for k in chosen], dtype=torch.long)
+        return torch.empty((0, len(prefix) + body), dtype=torch.long)
+    return torch.tensor([prefix + stream[k * body : (k + 1) * body] for k in chosen], dtype=torch.long)
 
 
 def _assign_documents(
-    docs: list[_Doc], wanted: dict[str, int], seq_len: int, roles: dict | None, seed: int
+    docs: list[_Doc], wanted: dict[str, int], body: int, roles: dict | None, seed: int
 ) -> dict[str, list[_Doc]] | None:
-    """Whole documents per split; None when there are too few documents to give every split its own."""
+    """Whole documents per split (windows of ``body`` text tokens); None when there are too few documents to give
+    every split its own."""
     assigned: dict[str, list[_Doc]] = {s: [] for s in SPLITS}
     pool = list(docs)
     if roles is None:
@@ -284,14 +332,14 @@ def _assign_documents(
         candidates = preferred + [d for d in pool if d not in preferred]
         have, n_later = 0, len(order) - k - 1
         for d in candidates:
-            if have >= wanted[split] * seq_len:
+            if have >= wanted[split] * body:
                 break
             if assigned[split] and len(pool) <= n_later:
                 break  # leave one document for each later split
             assigned[split].append(d)
             pool.remove(d)
             have += len(d.ids)
-        if have < seq_len:
+        if have < body:
             return None
     return assigned
 
@@ -307,19 +355,22 @@ def make_splits(
     split_by: str = "document",
     seed: int = 0,
     model: Any | None = None,
+    bos: bool | None = None,
 ) -> TokenSplits:
     """Tokenize a text source and cut it into calibration / validation / test windows of ``seq_len`` tokens.
 
     Args:
         tokenizer: the model's tokenizer.
         source: see :func:`load_documents`; ``None`` is the default Austen text.
-        seq_len: tokens per window.
+        seq_len: tokens per window, the beginning-of-sequence token included where there is one.
         n_calibration, n_validation, n_test: windows per split (0 leaves a split empty).
         split_by: ``"document"`` (each document goes wholly to one split; falls back to ``"contiguous"`` with a
             warning when there are too few documents) or ``"contiguous"`` (the concatenated token stream is
             cut into consecutive regions: calibration first, then validation, then test).
         seed: chooses which windows (and, for non-default sources, which documents) each split gets.
         model: if given, the tokenizer is checked against it.
+        bos: what each window starts with (see :func:`window_prefix`): ``None`` (default) follows the
+            tokenizer, ``True`` forces its beginning-of-sequence token, ``False`` none.
 
     Raises:
         DataError: the text is shorter than the windows needed (says how many tokens were found and needed),
@@ -334,12 +385,16 @@ def make_splits(
         raise DataError(f"window counts must be >= 0 and not all 0, got {wanted}")
     if model is not None:
         check_tokenizer(model, tokenizer)
+    prefix = window_prefix(tokenizer, bos)
+    body = seq_len - len(prefix)  # text tokens per window
+    if body < 1:
+        raise DataError(f"seq_len={seq_len} leaves no room for text after the {len(prefix)} start token(s)")
     is_default = source is None
     raw = load_documents(source)
     docs = [_Doc(n, t, tokenizer) for n, t in raw]
-    roles = AUSTEN_ROLES if is_default else None
+    roles = assets.AUSTEN_ROLES if is_default else None
 
-    assigned = _assign_documents(docs, wanted, seq_len, roles, seed) if split_by == "document" else None
+    assigned = _assign_documents(docs, wanted, body, roles, seed) if split_by == "document" else None
     if split_by == "document" and assigned is None:
         n_docs = len(docs)
         warnings.warn(
@@ -352,13 +407,13 @@ def make_splits(
         split_by_used = "contiguous"
         stream = _join(docs, sep)
         active = [s for s in SPLITS if wanted[s] > 0]
-        if len(stream) < len(active) * seq_len:
+        if len(stream) < len(active) * body:
             raise DataError(
-                f"the text has {len(stream)} tokens but needs at least {len(active) * seq_len} "
-                f"(one window of seq_len={seq_len} for each of {len(active)} split(s); "
-                f"{sum(wanted.values()) * seq_len} for all requested windows). Give more text or a smaller seq_len."
+                f"the text has {len(stream)} tokens but needs at least {len(active) * body} "
+                f"(one window of seq_len={seq_len}{_prefix_note(prefix)} for each of {len(active)} split(s); "
+                f"{sum(wanted.values()) * body} for all requested windows). Give more text or a smaller seq_len."
             )
-        total = len(stream) // seq_len
+        total = len(stream) // body
         n_wanted = sum(wanted.values())
         # each split gets one window, then a share of the rest proportional to its request; windows are
         # sampled inside each region
@@ -368,8 +423,8 @@ def make_splits(
             shares[s] += 1  # windows left over by rounding go to the largest requests
         streams, names, start = {}, {}, 0
         for s in SPLITS:
-            streams[s] = stream[start * seq_len : (start + shares[s]) * seq_len]
-            names[s] = [f"tokens[{start * seq_len}:{(start + shares[s]) * seq_len}]"]
+            streams[s] = stream[start * body : (start + shares[s]) * body]
+            names[s] = [f"tokens[{start * body}:{(start + shares[s]) * body}]"]
             start += shares[s]
     else:
         split_by_used = "document"
@@ -378,21 +433,22 @@ def make_splits(
 
     out, shortfall = {}, {}
     for i, s in enumerate(SPLITS):
-        available = len(streams[s]) // seq_len
+        available = len(streams[s]) // body
         n = min(wanted[s], available)
         if n < wanted[s]:
             shortfall[s] = {"wanted": wanted[s], "got": n}
-        out[s] = _sample_windows(streams[s], seq_len, n, random.Random(seed * 1000003 + i))
+        out[s] = _sample_windows(streams[s], body, n, random.Random(seed * 1000003 + i), prefix)
         if wanted[s] > 0 and n == 0:
             raise DataError(
-                f"the {s} split has {len(streams[s])} tokens but needs at least {seq_len} "
-                f"for one window; give more text or a smaller seq_len"
+                f"the {s} split has {len(streams[s])} tokens but needs at least {body} "
+                f"for one window{_prefix_note(prefix)}; give more text or a smaller seq_len"
             )
     if shortfall:
         warnings.warn(f"not enough text for all requested windows: {shortfall}", stacklevel=2)
     info = {
         "source": "austen (default)" if is_default else _describe(source),
         "seq_len": seq_len,
+        "prefix": prefix,
         "split_by": split_by_used,
         "seed": seed,
         "tokenizer": tokenizer_name(tokenizer),
@@ -403,6 +459,10 @@ def make_splits(
         "shortfall": shortfall,
     }
     return TokenSplits(out["calibration"], out["validation"], out["test"], info)
+
+
+def _prefix_note(prefix: list[int]) -> str:
+    return f" = {len(prefix)} start token(s) {prefix} + text" if prefix else ""
 
 
 def _separator(tokenizer: Any) -> list[int]:

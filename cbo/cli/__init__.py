@@ -17,6 +17,7 @@ def _register() -> None:
     # each module adds its commands to `app` on import
     from cbo.cli import (
         demo_cmds,  # noqa: F401
+        eval_cmds,  # noqa: F401
         model_cmds,  # noqa: F401
         qubo_cmds,  # noqa: F401
         setup_cmds,  # noqa: F401

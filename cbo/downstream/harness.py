@@ -1,0 +1,242 @@
+"""Downstream evaluation of an in-memory model through lm-eval (``pip install 'cbo[eval]'``).
+
+:func:`evaluate_tasks` wraps the model and tokenizer in lm-eval's ``HFLM(pretrained=model, tokenizer=...)``, so
+a pruned model is evaluated as it is, without saving and re-loading it, and runs lm-eval's own task code. Task
+data is never downloaded: the local tasks (:mod:`cbo.downstream.local_tasks`) are generated from the default
+text, and any other task lm-eval knows runs from the user's datasets cache with the Hub switched off.
+
+Example:
+    >>> evaluate_tasks(model, tokenizer, ["austen_cloze", "austen_choice"], limit=100)   # doctest: +SKIP
+    {'austen_cloze': {'acc': 0.31, 'acc_stderr': 0.046, 'perplexity': 212.4, ...}, 'austen_choice': {...}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from cbo.downstream.local_tasks import LOCAL_TAG, LOCAL_TASKS, ensure_local_tasks, installed_local_tasks
+from cbo.errors import DataError, UnknownNameError
+from cbo.extras import require
+from cbo.models import silenced
+
+_LOGGERS = ("lm_eval", "lm-eval", "datasets", "accelerate")
+
+
+def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
+    """Task names from ``"a,b"`` or a list; raises DataError when there are none."""
+    items = tasks.split(",") if isinstance(tasks, str) else list(tasks)
+    names = [str(t).strip() for t in items if str(t).strip()]
+    if not names:
+        raise DataError(f"no task names in {tasks!r}; give e.g. 'austen_cloze,austen_choice'")
+    return list(dict.fromkeys(names))
+
+
+def uses_local_tasks(names: Sequence[str]) -> bool:
+    return any(n in LOCAL_TASKS or n == LOCAL_TAG for n in names)
+
+
+def task_manager(names: Sequence[str], include_path: str | Path | None = None) -> Any:
+    """An lm-eval ``TaskManager`` that knows the local tasks (written from the default text first if missing) and
+    ``include_path``.
+
+    When every name is a local task, lm-eval's own task index (thousands of YAML files, most of a minute to
+    read) is skipped.
+
+    Raises:
+        UnknownNameError: a name is no task, group or tag of lm-eval or the local tasks (checked before any
+            model work).
+    """
+    require("lm_eval", "downstream evaluation")
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(installed_local_tasks() or ensure_local_tasks())] if uses_local_tasks(names) else []
+    if include_path is not None:
+        paths.append(str(Path(include_path).expanduser()))
+    only_local = include_path is None and all(n in LOCAL_TASKS or n == LOCAL_TAG for n in names)
+    with _quiet_logs(True):
+        manager = TaskManager(include_path=paths or None, include_defaults=not only_local)
+    known = set(manager.all_tasks)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UnknownNameError(
+            f"unknown lm-eval task(s) {unknown}; the local tasks are {[*LOCAL_TASKS, LOCAL_TAG]} (made from the "
+            f"default text), and any of the {len(known)} tasks, groups and tags of this lm-eval installation "
+            "run when their data is in the datasets cache (`lm_eval ls tasks` lists them)"
+        )
+    return manager
+
+
+@contextlib.contextmanager
+def _quiet_logs(quiet: bool) -> Iterator[None]:
+    """lm-eval's, datasets' and accelerate's loggers at ERROR while active."""
+    if not quiet:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """While active: the Hugging Face Hub switched off for datasets and huggingface_hub (cached data only), and
+    lm-eval's bootstrap of standard errors kept in this process (no pool of one worker per CPU)."""
+    import datasets.config
+    import huggingface_hub.constants as hub_constants
+
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "DISABLE_MULTIPROC": "1"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def harness_model(model: Any, tokenizer: Any, *, batch_size: int = 8, max_length: int | None = None) -> Any:
+    """lm-eval's ``HFLM`` around an in-memory model (no re-loading) and a copy of its tokenizer (lm-eval may
+    give the tokenizer a padding token; the caller's stays as it is)."""
+    require("lm_eval", "downstream evaluation")
+    from lm_eval.models.huggingface import HFLM
+
+    if batch_size < 1:
+        raise DataError(f"batch_size must be >= 1, got {batch_size}")
+    with _quiet_logs(True):
+        return HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size, max_length=max_length)
+
+
+def window_loglikelihoods(model: Any, tokenizer: Any, windows: Any, *, batch_size: int = 8) -> list[float]:
+    """Log-likelihood of each token window as lm-eval scores it: ``sum_t log p(w[t+1] | w[:t+1])`` over the
+    window's ``T - 1`` predictions (the first token is the context), computed by ``HFLM``.
+
+    The cross-check between lm-eval and :func:`cbo.evaluate.evaluate`: ``-sum(result) / (B * (T - 1))`` is the
+    mean NLL that ``evaluate`` reports for the same windows.
+    """
+    from cbo.data import check_windows
+
+    windows = check_windows(windows, model)
+    lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=int(windows.shape[1]))
+    requests = [(("", ""), w[:1], w[1:]) for w in windows.tolist()]
+    with _quiet_logs(True):
+        scored = lm._loglikelihood_tokens(requests, disable_tqdm=True)
+    return [float(logprob) for logprob, _ in scored]
+
+
+def _metrics(result: dict) -> dict[str, float]:
+    """``{"acc,none": 0.3, "acc_stderr,none": 0.01, "alias": ...}`` -> ``{"acc": 0.3, "acc_stderr": 0.01}``."""
+    out = {}
+    for key, value in result.items():
+        metric, _, filt = key.partition(",")
+        if not filt or isinstance(value, str):
+            continue
+        name = metric if filt == "none" else f"{metric}[{filt}]"
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def evaluate_tasks(
+    model: Any,
+    tokenizer: Any,
+    tasks: str | Sequence[str],
+    *,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    seed: int = 0,
+    bootstrap_iters: int = 1000,
+    include_path: str | Path | None = None,
+    progress: bool = True,
+    manager: Any = None,
+) -> dict[str, dict[str, float]]:
+    """Run lm-eval tasks on an in-memory model; returns ``{task: {metric: value}}`` (plain floats), tasks in the
+    order given (the tasks of a tag or group by name).
+
+    Args:
+        model, tokenizer: a causal LM (pruned or not) and its tokenizer, used as they are.
+        tasks: names (a list or ``"a,b"``): the local ``austen_cloze`` / ``austen_choice`` (tag ``austen``) or
+            any task of this lm-eval installation whose data is cached.
+        limit: items per task (an int) or a fraction (a float below 1); ``None`` = all.
+        num_fewshot: examples in each prompt (``None``: the task's default, 0 for the local tasks).
+        batch_size: requests per forward pass.
+        max_length: longest input (default: the model's context length).
+        seed: seeds lm-eval's sampling of few-shot examples.
+        bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexity); 0 skips them.
+        include_path: a folder of further task YAML files.
+        progress: lm-eval's progress bars and messages (False: quiet).
+        manager: the ``TaskManager`` of an earlier :func:`task_manager` call for the same names (checked
+            names, and lm-eval's task index read once).
+
+    Each task's entry also holds ``"n"``, the number of items evaluated.
+
+    Raises:
+        UnknownNameError: a task lm-eval does not know (before the model runs).
+        DataError: a task's data is not in the local datasets cache (nothing is downloaded).
+    """
+    lm_eval = require("lm_eval", "downstream evaluation")
+    require("datasets", "downstream evaluation")
+    names = parse_tasks(tasks)
+    manager = manager if manager is not None else task_manager(names, include_path)
+    lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=max_length)
+    was_training = getattr(model, "training", False)
+    try:
+        with hub_offline(), _quiet_logs(not progress), silenced(not progress):
+            out = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=names,
+                task_manager=manager,
+                num_fewshot=num_fewshot,
+                limit=limit,
+                bootstrap_iters=bootstrap_iters,
+                log_samples=False,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+            )
+    except (ConnectionError, FileNotFoundError) as exc:
+        raise DataError(
+            f"the data of task(s) {names} is not in the local datasets cache and nothing is downloaded at run "
+            f"time ({type(exc).__name__}: {exc}). Use the local tasks {list(LOCAL_TASKS)}, or cache the "
+            "dataset once where the Hub is reachable."
+        ) from exc
+    finally:
+        model.train(was_training)
+    found = {task: _metrics(values) for task, values in (out or {}).get("results", {}).items()}
+    for task, counts in (out or {}).get("n-samples", {}).items():
+        if task in found:
+            found[task]["n"] = float(counts.get("effective", counts.get("original", 0)))
+    order = [n for n in names if n in found] + sorted(t for t in found if t not in names)
+    return {task: found[task] for task in order}  # in the order asked for; a tag's tasks by name
+
+
+__all__ = [
+    "evaluate_tasks",
+    "harness_model",
+    "hub_offline",
+    "parse_tasks",
+    "task_manager",
+    "window_loglikelihoods",
+]
