@@ -72,6 +72,7 @@ QUICK = {
     "validate": 3,
     "curve_points": 3,
     "bootstrap": 200,
+    "refine_budget": 150,
 }
 
 
@@ -250,7 +251,187 @@ def run_evopress(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     return {"removed": r.removed, "fpe": r.fpe, "steps": steps, "info": {"generations": r.generations, **settings}}
 
 
-RUNNERS = {"evopress": run_evopress}
+def evopress_fpe(point: Point, args: argparse.Namespace) -> tuple[float, str]:
+    """EvoPress's FPE at this point: its result, else projected from its checkpoint, else from its settings."""
+    path = point.result_path("evopress")
+    if path.exists():
+        return float(json.loads(path.read_text())["fpe"]), "measured"
+    from cbo.evopress import check_counts, default_generations
+
+    settings = evopress_settings(point, args)
+    counts = check_counts(point.kinds, point.counts)
+    kind = max((c, k) for k, c in counts.items())[1]
+    gens = settings["generations"] or default_generations(point.kinds.count(kind), counts[kind])
+    ckpt = point.checkpoint("evopress")
+    if ckpt.exists():
+        hist = json.loads(ckpt.read_text())["state"]["history"]
+        if len(hist) >= 3:
+            per_gen = (hist[-1]["fpe"] - hist[0]["fpe"]) / (len(hist) - 1)
+            return hist[0]["fpe"] + per_gen * gens, f"projected from {len(hist) - 1} generations"
+    per_pair = 0.55 if point.granularity == "layer" else 1.0
+    stage1, stage2 = settings["initial_windows"], settings["stages"][-1][1]
+    pairs = settings["initial"] * stage1 + gens * (settings["offspring"] * stage1 + 3 * stage2)
+    return pairs * per_pair, "nominal"
+
+
+def refine_budget(point: Point, args: argparse.Namespace) -> tuple[float, str]:
+    if args.refine_budget:
+        return float(args.refine_budget), "given"
+    fpe, how = evopress_fpe(point, args)
+    return float(args.refine_fraction) * fpe, f"{args.refine_fraction:g} x EvoPress ({how}: {fpe:.0f})"
+
+
+def caps_of(point: Point) -> dict[str, int]:
+    return {} if point.granularity == "layer" else {"attention": point.remove, "mlp": point.remove}
+
+
+def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
+    from cbo.refine import refine
+
+    budget, how = refine_budget(point, args)
+    hi = min(16, args.calibration) if not args.quick else 2
+    r = refine(
+        point.model,
+        point.blocks,
+        point.calibration,
+        point.validation,
+        remove=point.total_removed,
+        budget=budget,
+        caps=caps_of(point),
+        high_windows=hi,
+        low_windows=min(2, hi),
+        validate=args.validate,
+        seed=point.seed,
+        solver="auto" if point.granularity == "layer" else "swap-tabu",
+        checkpoint=point.checkpoint("refine"),
+        progress=log_progress(point.name, "refine"),
+    )
+    path = point.dir / "refine-qubo.cboq"
+    r.qubo.save(path)
+    steps = [{"fpe": x["fpe"], "removed": x["best_removed"], "search_loss": x["best"]} for x in r.rounds]
+    steps.append({"fpe": r.fpe, "removed": r.chosen, "search_loss": None})
+    return {
+        "removed": r.chosen,
+        "fpe": r.fpe,
+        "steps": steps,
+        "info": {"budget": budget, "budget_rule": how, "cost": r.cost, "stopped": r.stopped, "qubo": str(path)},
+        "rounds": r.rounds,
+        "validation": r.validation,
+    }
+
+
+def run_singles(point: Point, args: argparse.Namespace) -> dict[str, Any]:
+    """The default: measured singles on the whole calibration pool, its top-K validated."""
+    import numpy as np
+
+    from cbo.executors import Measurements
+    from cbo.qubo import BlockQUBO
+    from cbo.solvers import solve
+
+    m = Measurements(point.executor("calibration"))
+    D = m([(i,) for i in range(len(point.blocks))], list(range(m.n_windows))).mean(axis=1)
+    m.executor.close()
+    q = BlockQUBO(np.diag(2 * D), kinds=point.kinds, sizes=[b.n_params for b in point.blocks], caps=caps_of(point))
+    solver = "auto" if point.granularity == "layer" else "swap-tabu"
+    states = solve(q, point.total_removed, solver=solver, k=args.validate, seed=0)
+    top = [states.removed(k) for k in range(len(states))]
+    v = Measurements(point.executor("validation"))
+    val = v(top, list(range(v.n_windows))).mean(axis=1)
+    v.executor.close()
+    chosen = top[int(np.argmin(val))]
+    steps = [
+        {"fpe": m.fpe, "removed": top[0], "search_loss": None},
+        {"fpe": m.fpe + v.fpe, "removed": chosen, "search_loss": None},
+    ]
+    info = {"singles": D.tolist(), "validated": top, "validation_kl": val.tolist(), "singles_fpe": m.fpe}
+    return {"removed": chosen, "fpe": m.fpe + v.fpe, "steps": steps, "info": info}
+
+
+def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
+    """Random sets with the target counts, each on the high-fidelity windows, until refine's budget is spent."""
+    import numpy as np
+
+    from cbo.evopress import check_counts
+    from cbo.executors import Measurements
+
+    budget, how = refine_budget(point, args)
+    rng = np.random.default_rng(1000 + point.seed)
+    m = Measurements(point.executor("calibration"))
+    counts = check_counts(point.kinds, point.counts)
+    hi = list(range(min(16, args.calibration) if not args.quick else 2))
+    best, best_set, steps = math.inf, None, []
+    while m.fpe < budget:
+        chosen: list[int] = []
+        for kind, c in counts.items():
+            units = [i for i, k in enumerate(point.kinds) if k == kind]
+            chosen += [int(i) for i in rng.choice(units, size=c, replace=False)]
+        value = float(m([chosen], hi).mean())
+        if value < best:
+            best, best_set = value, sorted(chosen)
+            steps.append({"fpe": m.fpe, "removed": best_set, "search_loss": best})
+    m.executor.close()
+    steps.append({"fpe": m.fpe, "removed": best_set, "search_loss": best})
+    return {"removed": best_set, "fpe": m.fpe, "steps": steps, "info": {"budget": budget, "budget_rule": how}}
+
+
+def sleb_ranking(point: Point, args: argparse.Namespace) -> Any:
+    """SLEB (``cbo.baselines.rank_blocks``) run once per calibration seed to the grid's largest M, cached."""
+    from cbo.baselines import Ranking, rank_blocks
+    from cbo.data import data_hash
+
+    windows = point.calibration[: args.sleb_windows]
+    steps = 15 if not args.quick else point.remove
+    key = hashlib.sha256(json.dumps([point.key, data_hash(windows), steps]).encode()).hexdigest()[:12]
+    path = point.dir.parent / "cache" / f"sleb-{key}.json"
+    if path.exists():
+        return Ranking.from_json(json.loads(path.read_text())), len(windows)
+    r = rank_blocks("sleb", point.model, windows, max_remove=max(steps, point.remove), progress=False)
+    C.write_json(path, r.to_json())
+    return r, len(windows)
+
+
+def run_sleb(point: Point, args: argparse.Namespace) -> dict[str, Any]:
+    if point.granularity != "layer":
+        raise SystemExit("sleb runs at layer granularity only")
+    r, w = sleb_ranking(point, args)
+    n = len(point.blocks)
+    # full forward passes over the windows: the reference pass, then n - k candidates at greedy step k
+    fpe = w * (1 + sum(n - k for k in range(point.remove)))
+    removed = sorted(r.order[: point.remove])
+    steps = [{"fpe": fpe, "removed": removed, "search_loss": r.order_losses[point.remove - 1]}]
+    return {"removed": removed, "fpe": fpe, "steps": steps, "info": {"windows": w, "loss": r.info.get("loss")}}
+
+
+def run_blockpruner(point: Point, args: argparse.Namespace) -> dict[str, Any]:
+    from cbo.blockpruner import blockpruner
+    from cbo.executors import Measurements
+
+    if point.granularity != "sublayer":
+        raise SystemExit("blockpruner runs at sublayer granularity only")
+    m = Measurements(point.executor("calibration"))
+    layer_params = sum(b.n_params for b in point.blocks) / (len(point.blocks) / 2)
+    r = blockpruner(
+        m,
+        [b.n_params for b in point.blocks],
+        target_params=int(point.remove * layer_params),
+        windows=list(range(min(args.blockpruner_windows, m.n_windows))),
+        checkpoint=point.checkpoint("blockpruner"),
+        progress=log_progress(point.name, "blockpruner"),
+    )
+    m.executor.close()
+    steps = [{"fpe": r.fpe, "removed": r.removed, "search_loss": math.log(r.perplexity[-1])}]
+    return {"removed": r.removed, "fpe": r.fpe, "steps": steps, "info": {"order": r.order, "ppl": r.perplexity}}
+
+
+RUNNERS = {
+    "refine": run_refine,
+    "evopress": run_evopress,
+    "sleb": run_sleb,
+    "blockpruner": run_blockpruner,
+    "singles": run_singles,
+    "random": run_random,
+}
+APPLIES = {"sleb": ("layer",), "blockpruner": ("sublayer",)}
 
 
 def run_method(point: Point, method: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -268,12 +449,92 @@ def run_method(point: Point, method: str, args: argparse.Namespace) -> dict[str,
     return result
 
 
+# ------------------------------------------------------------------------------------------------ evaluation
+def curve_indices(steps: list[dict[str, Any]], count: int) -> list[int]:
+    """Up to ``count`` steps, spread evenly in log FPE, always the last."""
+    import numpy as np
+
+    idx = [k for k, st in enumerate(steps) if st.get("removed")]
+    if len(idx) <= count:
+        return idx
+    fpe = np.log([max(steps[k]["fpe"], 1e-9) for k in idx])
+    targets = np.linspace(fpe[0], fpe[-1], count)
+    chosen = {idx[int(np.argmin(np.abs(fpe - t)))] for t in targets} | {idx[-1]}
+    return sorted(chosen)
+
+
+def evaluate_point(point: Point, results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Calibration KL of every incumbent, test PPL of the curve's incumbents, per-window test NLL of the finals."""
+    out: dict[str, Any] = {}
+    for method, r in results.items():
+        steps = r["steps"]
+        sets = [st["removed"] for st in steps if st.get("removed")]
+        distinct = [list(s) for s in dict.fromkeys(tuple(s) for s in sets)]
+        kl = dict(zip(map(tuple, distinct), point.evaluate("calibration", distinct).mean(axis=1)))
+        picks = curve_indices(steps, int(args.curve_points))
+        test_sets = [steps[k]["removed"] for k in picks]
+        ce = point.evaluate("test", test_sets, loss="ce")
+        curve = []
+        best_kl = math.inf
+        for k, st in enumerate(steps):
+            if not st.get("removed"):
+                continue
+            best_kl = float(kl[tuple(st["removed"])])
+            row = {"fpe": st["fpe"], "calibration_kl": best_kl}
+            if k in picks:
+                row["test_ppl"] = math.exp(float(ce[picks.index(k)].mean()))
+            curve.append(row)
+        final_ce = point.evaluate("test", [r["removed"]], loss="ce")[0]
+        out[method] = {
+            "removed": r["removed"],
+            "fpe": r["fpe"],
+            "calibration_kl": float(point.evaluate("calibration", [r["removed"]]).mean()),
+            "test_ppl": math.exp(float(final_ce.mean())),
+            "test_nll": final_ce.tolist(),
+            "curve": curve,
+        }
+    return out
+
+
+def paired_ratio(a: list[float], b: list[float], resamples: int, seed: int = 0) -> tuple[float, float, float]:
+    """PPL ratio a/b on the same test windows and its paired bootstrap 95 % interval (windows resampled)."""
+    import numpy as np
+
+    a, b = np.asarray(a), np.asarray(b)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a), size=(resamples, len(a)))
+    ratios = np.exp(a[idx].mean(axis=1) - b[idx].mean(axis=1))
+    return float(np.exp(a.mean() - b.mean())), float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
+
+
+def compare(evals: dict[str, Any], resamples: int) -> dict[str, Any]:
+    """refine's test PPL ratio against each baseline and against the best baseline (by test PPL), with intervals."""
+    if "refine" not in evals:
+        return {}
+    ref = evals["refine"]["test_nll"]
+    out = {}
+    for method, e in evals.items():
+        if method != "refine":
+            out[method] = paired_ratio(ref, e["test_nll"], resamples)
+    base = [m for m in evals if m != "refine"]
+    if base:
+        best = min(base, key=lambda m: evals[m]["test_ppl"])
+        out["best_baseline"] = best
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
     if args.report:
-        return C.report_only(out, "search", markdown, None)
+        results = {"benchmark": "search", "command": C.command_line(), "points": {}}
+        for path in sorted(out.glob("*/point.json")):
+            results["points"][path.parent.name] = json.loads(path.read_text())
+        C.write_json(out / "search.json", results)
+        (out / "search.md").write_text(markdown(results))
+        print(f"wrote {out / 'search.md'} from {len(results['points'])} grid points", flush=True)
+        return results
     C.setup_torch(args.threads)
     from cbo.models import load_model
 
@@ -286,15 +547,96 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, Any] = {"benchmark": "search", "command": C.command_line(), "machine": C.machine(), "points": {}}
     for spec in points:
         point = Point(spec, model, tok, args, out)
-        for method in [m for m in METHODS if m in methods and m in RUNNERS]:
-            results["points"].setdefault(point.name, {})[method] = run_method(point, method, args)
+        runs: dict[str, Any] = {}
+        for method in METHODS:
+            if method in methods and point.granularity in APPLIES.get(method, ("layer", "sublayer")):
+                runs[method] = run_method(point, method, args)
+        # every method already finished at this point enters the tables, also those run in an earlier session
+        for method in METHODS:
+            if method not in runs and point.result_path(method).exists():
+                runs[method] = json.loads(point.result_path(method).read_text())
+        evals = evaluate_point(point, runs, args)
+        entry = {"spec": spec, "evaluations": evals, "ratios": compare(evals, int(args.bootstrap))}
+        entry["original_test_ppl"] = math.exp(float(point.evaluate("test", [[]], loss="ce")[0].mean()))
+        entry["runs"] = {m: {k: v for k, v in r.items() if k != "rounds"} for m, r in runs.items()}
+        C.write_json(point.dir / "point.json", entry)
+        if not args.no_plot:
+            plot_point(entry, out / f"search-{point.name}.png")
         point.close()
+    for path in sorted(out.glob("*/point.json")):
+        results["points"][path.parent.name] = json.loads(path.read_text())
     C.write_json(out / "search.json", results)
+    (out / "search.md").write_text(markdown(results))
+    print(f"wrote {out / 'search.md'}", flush=True)
     return results
 
 
+# ------------------------------------------------------------------------------------------------ output
 def markdown(result: dict) -> str:
-    return json.dumps(result)[:1000]
+    lines = [
+        "# Search that pays: anytime curves and final choices",
+        "",
+        f"Command: `{result.get('command', '')}`",
+        "",
+        "FPE: forward-pass equivalents, one full forward pass of the model over one calibration window. Calibration"
+        " KL: on the whole calibration pool (not charged). Test PPL: Persuasion windows. Ratio: refine's test PPL"
+        " over the method's, paired bootstrap 95 % interval over test windows.",
+    ]
+    for name, entry in result.get("points", {}).items():
+        evals, ratios = entry.get("evaluations", {}), entry.get("ratios", {})
+        evo = evals.get("evopress", {}).get("fpe")
+        lines += ["", f"## {name} (unpruned test PPL {C.fmt(entry.get('original_test_ppl'))})", ""]
+        rows = []
+        for method in METHODS:
+            if method not in evals:
+                continue
+            e = evals[method]
+            ratio = ratios.get(method)
+            rows.append(
+                [
+                    method,
+                    e["fpe"],
+                    e["fpe"] / evo if evo else None,
+                    e["calibration_kl"],
+                    e["test_ppl"],
+                    f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]" if ratio else "–",
+                    str(e["removed"]),
+                ]
+            )
+        header = ["method", "FPE", "FPE / EvoPress", "calibration KL", "test PPL", "refine / method", "removed"]
+        lines.append(C.md_table(header, rows))
+        if ratios.get("best_baseline"):
+            lines += ["", f"Best baseline by test PPL: {ratios['best_baseline']}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_point(entry: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for method, e in entry["evaluations"].items():
+        curve = e["curve"]
+        xs = [c["fpe"] for c in curve]
+        axes[0].step(xs, [c["calibration_kl"] for c in curve], where="post", label=method, marker=".")
+        pts = [(c["fpe"], c["test_ppl"]) for c in curve if "test_ppl" in c]
+        if pts:
+            axes[1].plot(*zip(*pts), marker="o", label=method)
+    for ax, label in zip(axes, ("calibration KL of the incumbent", "test PPL of the incumbent")):
+        ax.set_xscale("log")
+        ax.set_xlabel("forward-pass equivalents spent")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(entry["spec"]["name"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
