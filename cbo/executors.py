@@ -18,7 +18,7 @@ log-probabilities, the stream entering every layer) is paid once per window whil
 Cost unit: one forward-pass equivalent (FPE) is one full forward pass of the model over one window. A
 measurement through the prefix tree costs ``(decoder-layer calls + head runs × head cost) / (layers + head
 cost)`` with the head's cost in layer units (its parameters over a layer's); full gated passes and original
-passes cost 1 each.
+passes cost 1 each; see Measurements for the original pass.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class WindowLosses:
         return meter
 
     def measure(self, window: int, sets: Sequence[SetKey]) -> tuple[np.ndarray, np.ndarray, float]:
-        """(KL, CE) of each set on one window, and the FPE spent."""
+        """(KL, CE) of each set on one window, and the FPE spent (the window's original pass not included)."""
         if not 0 <= window < self.n_windows:
             raise CBOError(f"window {window} is out of range 0..{self.n_windows - 1}")
         meter = self._meter(window)
@@ -93,7 +93,10 @@ class WindowLosses:
         layers, tails, full, original = (
             a - b for a, b in zip((meter.layer_calls, meter.tail_calls, meter.full_calls, meter.original_calls), before)
         )
-        cost = float(full + original) + (layers + self.head_cost * tails) / (self.n_layers + self.head_cost)
+        # the original pass (teacher, streams) is charged by Measurements, once per window, so that the count does
+        # not depend on which replica still holds a window
+        del original
+        cost = float(full) + (layers + self.head_cost * tails) / (self.n_layers + self.head_cost)
         self.fpe += cost
         kl = np.array([float(v["kl"][0]) for v in values])
         ce = np.array([float(v["ce"][0]) for v in values])
@@ -233,6 +236,7 @@ class Measurements:
         self.values: dict[SetKey, dict[int, tuple[float, float]]] = {}
         self.fpe = 0.0
         self.pairs = 0  # (set, window) pairs measured
+        self.original: set[int] = set()  # windows whose original pass has been charged (1 FPE each)
 
     def __call__(self, sets: Sequence[Sequence[int]], windows: Sequence[int], loss: str = "kl") -> np.ndarray:
         if loss not in LOSSES:
@@ -253,7 +257,8 @@ class Measurements:
             for (w, batch), (kl, ce, cost) in zip(requests, self.executor.run(requests)):
                 for key, a, b in zip(batch, kl, ce):
                     self.values.setdefault(key, {})[w] = (float(a), float(b))
-                self.fpe += float(cost)
+                self.fpe += float(cost) + (0.0 if w in self.original else 1.0)
+                self.original.add(w)
                 self.pairs += len(batch)
         col = 0 if loss == "kl" else 1
         return np.array([[self.values[k][w][col] for w in windows] for k in keys], dtype=np.float64).reshape(
@@ -268,13 +273,16 @@ class Measurements:
         return {
             "fpe": self.fpe,
             "pairs": self.pairs,
+            "original": sorted(self.original),
             "values": [[list(k), [[w, a, b] for w, (a, b) in sorted(v.items())]] for k, v in self.values.items()],
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         self.fpe = float(state["fpe"])
         self.pairs = int(state["pairs"])
+        self.original = {int(w) for w in state.get("original", [])}
         self.values = {tuple(k): {int(w): (float(a), float(b)) for w, a, b in v} for k, v in state["values"]}
+        self.original |= {w for v in self.values.values() for w in v}  # a measured window had its original pass
 
 
 class SearchCheckpoint:
