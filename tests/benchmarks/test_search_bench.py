@@ -46,11 +46,11 @@ def test_quick_run_writes_its_outputs_and_obeys_its_rules(installed, tmp_path):
     run_script("search.py", "--quick", "--out", str(out), "--no-progress", "--threads", "1", timeout=3600)
     result = json.loads((out / "search.json").read_text())
     assert set(result["points"]) == {"layer-3-s0", "sublayer-2-s0"}
-    for name, entry in result["points"].items():
+    for entry in result["points"].values():
         spec, evals = entry["spec"], entry["evaluations"]
         expected = {"refine", "evopress", "singles", "random"} | ({"sleb"} if spec["granularity"] == "layer" else set())
         assert expected <= set(evals)
-        for method, e in evals.items():
+        for e in evals.values():
             n_removed = len(e["removed"])
             if spec["granularity"] == "layer":
                 assert n_removed == spec["remove"]
