@@ -83,6 +83,10 @@ class WindowLosses:
             self._meters.popitem(last=False)
         return meter
 
+    def clear(self) -> None:
+        """Drop every window's original pass (frees the memory; measuring again recomputes them)."""
+        self._meters.clear()
+
     def measure(self, window: int, sets: Sequence[SetKey]) -> tuple[np.ndarray, np.ndarray, float]:
         """(KL, CE) of each set on one window, and the FPE spent (the window's original pass not included)."""
         if not 0 <= window < self.n_windows:
@@ -138,7 +142,7 @@ class InProcessExecutor:
         return [self.losses.measure(w, sets) for w, sets in requests]
 
     def close(self) -> None:
-        self.losses._meters.clear()  # noqa: SLF001 - own attribute of the object this executor created
+        self.losses.clear()
 
 
 class _Replica:
