@@ -531,6 +531,7 @@ def main(argv: list[str] | None = None) -> dict:
         results = {"benchmark": "search", "command": C.command_line(), "points": {}}
         for path in sorted(out.glob("*/point.json")):
             results["points"][path.parent.name] = json.loads(path.read_text())
+        results["in_progress"] = in_progress(out)
         C.write_json(out / "search.json", results)
         (out / "search.md").write_text(markdown(results))
         print(f"wrote {out / 'search.md'} from {len(results['points'])} grid points", flush=True)
@@ -572,6 +573,43 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ output
+def in_progress(out: Path) -> list[dict[str, Any]]:
+    """Methods with a checkpoint and no result yet: how far each got (read from the checkpoint, nothing measured)."""
+    rows = []
+    for ckpt in sorted(out.glob("*/*.ckpt.json")):
+        method = ckpt.name.split("-")[0]
+        if (ckpt.parent / f"{method}.json").exists():
+            continue
+        try:
+            state = json.loads(ckpt.read_text())["state"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if method == "evopress":
+            last = state["history"][-1]
+            step = {"step": f"generation {last['generation']}", "fpe": last["fpe"], "loss": last["fitness"]}
+            step["removed"] = last["removed"]
+        elif method == "refine":
+            last = state["rounds"][-1]
+            step = {"step": f"round {last['round']}", "fpe": last["fpe"], "loss": last["best"]}
+            step["removed"] = last["best_removed"]
+        elif method == "blockpruner":
+            last = state["history"][-1]
+            step = {"step": f"step {last['step']}", "fpe": last["fpe"], "loss": math.log(last["ppl"])}
+            step["removed"] = last["removed"]
+        else:
+            continue
+        rows.append({"point": ckpt.parent.name, "method": method, **step, "history": _search_curve(method, state)})
+    return rows
+
+
+def _search_curve(method: str, state: dict[str, Any]) -> list[list[float]]:
+    if method == "evopress":
+        return [[h["fpe"], h["fitness"]] for h in state["history"]]
+    if method == "refine":
+        return [[r["fpe"], r["best"]] for r in state["rounds"]]
+    return [[h["fpe"], math.log(h["ppl"])] for h in state["history"]]
+
+
 def markdown(result: dict) -> str:
     lines = [
         "# Search that pays: anytime curves and final choices",
@@ -607,6 +645,16 @@ def markdown(result: dict) -> str:
         lines.append(C.md_table(header, rows))
         if ratios.get("best_baseline"):
             lines += ["", f"Best baseline by test PPL: {ratios['best_baseline']}."]
+    if result.get("in_progress"):
+        lines += [
+            "",
+            "## Runs in progress (from their checkpoints; loss = the method's own search loss on its windows)",
+            "",
+        ]
+        rows = [
+            [r["point"], r["method"], r["step"], r["fpe"], r["loss"], str(r["removed"])] for r in result["in_progress"]
+        ]
+        lines.append(C.md_table(["point", "method", "reached", "FPE", "search loss", "incumbent"], rows))
     return "\n".join(lines) + "\n"
 
 
