@@ -383,12 +383,14 @@ def refine(
     validate = int(options.get("validate", 10))
     _check(low, high, 1, 0, 0.5, validate, 1, measure.n_windows, budget)
     _, hi_ids = fidelity_windows(measure.n_windows, low, high, np.random.default_rng(seed))
-    prior_qubo, prior_cost, pair_cost = _prior(model, block_list, calibration, hi_ids, prior, prior_cost, measure)
+    prior_qubo, prior_cost = _prior(model, block_list, calibration, hi_ids, prior, prior_cost, measure)
     prior_qubo = prior_qubo.with_constraints(keep=tuple(keep), caps=dict(caps or {}))
     validate_fn, reserve = None, 0.0
     if validation is not None:
         vmeasure = Measurements(InProcessExecutor(model, block_list, validation))
-        reserve = validate * vmeasure.n_windows * pair_cost + vmeasure.n_windows
+        # an upper bound, so the budget holds: a set costs at most one full pass per window, plus each window's
+        # original pass
+        reserve = float(validate * vmeasure.n_windows + vmeasure.n_windows)
 
         def validate_fn(sets: list[tuple[int, ...]]) -> tuple[np.ndarray, float]:
             values = vmeasure(sets, list(range(vmeasure.n_windows))).mean(axis=1)
@@ -413,13 +415,13 @@ def refine(
             ex.close()
 
 
-def _prior(model, blocks, calibration, hi_ids, prior, prior_cost, measure) -> tuple[BlockQUBO, float, float]:
-    """(prior QUBO, its cost in FPE, the cost of one (set, window) measurement to plan the validation reserve)."""
+def _prior(model, blocks, calibration, hi_ids, prior, prior_cost, measure) -> tuple[BlockQUBO, float]:
+    """(prior QUBO, its cost in FPE)."""
     names, kinds, sizes = [b.name for b in blocks], [b.kind for b in blocks], [int(b.n_params) for b in blocks]
     if isinstance(prior, BlockQUBO):
         if prior.n != len(blocks):
             raise InvalidOptionError(f"the prior QUBO has {prior.n} blocks but the block list has {len(blocks)}")
-        return prior, float(prior_cost), 1.0
+        return prior, float(prior_cost)
     if prior == "singles":
         before, pairs_before = measure.fpe, measure.pairs
         singles = [(i,) for i in range(len(blocks))]
@@ -433,7 +435,7 @@ def _prior(model, blocks, calibration, hi_ids, prior, prior_cost, measure) -> tu
             sizes=sizes,
             metadata={"estimator": "singles", "loss": "kl", "windows": list(hi_ids), "forward_equivalents": cost},
         )
-        return q, cost, cost / max(1, len(singles) * len(hi_ids))
+        return q, cost
     if not isinstance(prior, str):
         raise InvalidOptionError(f"prior must be an estimator name or a BlockQUBO, got {type(prior).__name__}")
     from cbo.hessian import estimate_hessian
@@ -442,4 +444,4 @@ def _prior(model, blocks, calibration, hi_ids, prior, prior_cost, measure) -> tu
     meta = q.metadata
     per_batch = meta.get("forward_equivalents", meta.get("forward_passes", 0) + 2 * meta.get("backward_passes", 0))
     cost = float(per_batch) * min(int(meta.get("batch_size", 8)), len(hi_ids))
-    return q, cost, 1.0
+    return q, cost
