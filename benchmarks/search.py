@@ -72,7 +72,7 @@ QUICK = {
     "validate": 3,
     "curve_points": 3,
     "bootstrap": 200,
-    "refine_budget": 150,
+    "refine_budget": 80,
 }
 
 
