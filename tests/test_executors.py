@@ -84,8 +84,9 @@ def _replica():
 
 
 @pytest.mark.slow
-def test_ray_pool_gives_the_in_process_results(tiny_model, tiny_windows):
+def test_ray_pool_gives_the_in_process_results(tiny_model, tiny_windows, monkeypatch):
     pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_raylet_start_wait_time_s", "300")  # a loaded machine starts the local cluster slowly
     import sys
 
     import ray
