@@ -107,8 +107,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in base.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    if args.quick and args.model == "smollm2-135m":
-        args.model = "smollm2-135m"
     return args
 
 
