@@ -90,7 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generations", type=int, help="EvoPress generations (default: int(k(n-k)/1.5), published)")
     p.add_argument("--stage-windows", help="EvoPress windows of selection stage 1 and 2 (default 1,16)")
     p.add_argument("--sleb-windows", type=int, help="calibration windows SLEB measures with (default 8)")
-    p.add_argument("--blockpruner-windows", type=int, help="calibration windows BlockPruner measures (default 8, as SLEB)")
+    p.add_argument(
+        "--blockpruner-windows", type=int, help="calibration windows BlockPruner measures (default 8, as SLEB)"
+    )
     p.add_argument(
         "--refine-fraction",
         type=float,
