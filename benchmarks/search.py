@@ -348,7 +348,7 @@ def run_singles(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
-    """Random sets with the target counts, each on the high-fidelity windows, until refine's budget is spent."""
+    """Random sets with the target counts, 16 per batch on the high-fidelity windows, until refine's budget is spent."""
     import numpy as np
 
     from cbo.evopress import check_counts
@@ -358,16 +358,21 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(1000 + point.seed)
     m = Measurements(point.executor("calibration"))
     counts = check_counts(point.kinds, point.counts)
+    units = {kind: [i for i, k in enumerate(point.kinds) if k == kind] for kind in counts}
+    space = math.prod(math.comb(len(units[k]), c) for k, c in counts.items())
     hi = list(range(min(16, args.calibration) if not args.quick else 2))
-    best, best_set, steps = math.inf, None, []
-    while m.fpe < budget:
-        chosen: list[int] = []
-        for kind, c in counts.items():
-            units = [i for i, k in enumerate(point.kinds) if k == kind]
-            chosen += [int(i) for i in rng.choice(units, size=c, replace=False)]
-        value = float(m([chosen], hi).mean())
-        if value < best:
-            best, best_set = value, sorted(chosen)
+    best, best_set, steps, seen = math.inf, None, [], set()
+    while m.fpe < budget and len(seen) < space:
+        batch: list[tuple[int, ...]] = []
+        while len(batch) < 16 and len(seen) < space:
+            s = tuple(sorted(int(i) for kind, c in counts.items() for i in rng.choice(units[kind], c, replace=False)))
+            if s not in seen:
+                seen.add(s)
+                batch.append(s)
+        values = m(batch, hi).mean(axis=1)
+        k = int(np.argmin(values))
+        if values[k] < best:
+            best, best_set = float(values[k]), list(batch[k])
             steps.append({"fpe": m.fpe, "removed": best_set, "search_loss": best})
     m.executor.close()
     steps.append({"fpe": m.fpe, "removed": best_set, "search_loss": best})
