@@ -324,12 +324,20 @@ def run_singles(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     """The default: measured singles on the whole calibration pool, its top-K validated."""
     import numpy as np
 
-    from cbo.executors import Measurements
+    from cbo.executors import Measurements, SearchCheckpoint
     from cbo.qubo import BlockQUBO
     from cbo.solvers import solve
 
     m = Measurements(point.executor("calibration"))
-    D = m([(i,) for i in range(len(point.blocks))], list(range(m.n_windows))).mean(axis=1)
+    ckpt = SearchCheckpoint(point.checkpoint("singles"), {"method": "singles", "windows": m.n_windows})
+    saved = ckpt.load()
+    if saved is not None:
+        m.restore(saved["measure"])
+    singles = [(i,) for i in range(len(point.blocks))]
+    for start in range(0, m.n_windows, 4):  # four windows at a time, checkpointed
+        m(singles, list(range(start, min(start + 4, m.n_windows))))
+        ckpt.save({"measure": m.state()})
+    D = m(singles, list(range(m.n_windows))).mean(axis=1)
     m.executor.close()
     q = BlockQUBO(np.diag(2 * D), kinds=point.kinds, sizes=[b.n_params for b in point.blocks], caps=caps_of(point))
     solver = "auto" if point.granularity == "layer" else "swap-tabu"
@@ -362,6 +370,15 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     space = math.prod(math.comb(len(units[k]), c) for k, c in counts.items())
     hi = list(range(min(16, args.calibration) if not args.quick else 2))
     best, best_set, steps, seen = math.inf, None, [], set()
+    from cbo.executors import SearchCheckpoint
+
+    ckpt = SearchCheckpoint(point.checkpoint("random"), {"method": "random", "budget": budget, "windows": hi})
+    saved = ckpt.load()
+    if saved is not None:
+        rng.bit_generator.state = saved["rng"]
+        m.restore(saved["measure"])
+        steps, seen = saved["steps"], {tuple(x) for x in saved["seen"]}
+        best, best_set = (steps[-1]["search_loss"], steps[-1]["removed"]) if steps else (math.inf, None)
     while m.fpe < budget and len(seen) < space:
         batch: list[tuple[int, ...]] = []
         while len(batch) < 16 and len(seen) < space:
@@ -374,6 +391,8 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
         if values[k] < best:
             best, best_set = float(values[k]), list(batch[k])
             steps.append({"fpe": m.fpe, "removed": best_set, "search_loss": best})
+        state = {"rng": rng.bit_generator.state, "measure": m.state(), "steps": steps, "seen": [list(x) for x in seen]}
+        ckpt.save(state)
     m.executor.close()
     steps.append({"fpe": m.fpe, "removed": best_set, "search_loss": best})
     return {"removed": best_set, "fpe": m.fpe, "steps": steps, "info": {"budget": budget, "budget_rule": how}}
