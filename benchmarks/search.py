@@ -72,7 +72,7 @@ QUICK = {
     "validate": 3,
     "curve_points": 3,
     "bootstrap": 200,
-    "refine_budget": 80,
+    "refine_budget": 250,  # the sublayer prior alone costs 60 full passes per window
 }
 
 

@@ -114,6 +114,11 @@ def refine_search(
     prior.check_remove(remove)
     n_pool = int(measure.n_windows)
     _check(low_windows, high_windows, batch, promote, thompson, validate, patience, n_pool, budget)
+    if prior_cost + validation_cost >= budget:
+        raise InvalidOptionError(
+            f"budget={budget} FPE does not cover the prior ({prior_cost:.1f} FPE) and the validation reserve "
+            f"({validation_cost:.1f} FPE); raise the budget above {prior_cost + validation_cost:.0f}"
+        )
     rng = np.random.default_rng(seed)
     lo_ids, hi_ids = fidelity_windows(n_pool, low_windows, high_windows, rng)
     settings = {

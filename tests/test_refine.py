@@ -167,3 +167,11 @@ def test_per_kind_counts_at_sublayer_granularity():
     every = [tuple(sorted(x + y)) for x in itertools.combinations(att, 3) for y in itertools.combinations(mlp, 3)]
     assert tuple(r.chosen) == min(every, key=fn)  # 14400 sets; the loop measured well under 1 %
     assert len({s for _, batch in ex.requests for s in batch}) < 150
+
+
+def test_a_budget_below_the_prior_and_validation_is_refused_before_any_round():
+    _, _, fn = planted_quadratic(8)
+    ex = SyntheticExecutor(fn)
+    with pytest.raises(InvalidOptionError, match="does not cover the prior"):
+        _loop(fn, 8, 3, ex, budget=50, prior_cost=40.0, validation_cost=20.0)
+    assert ex.requests == []
