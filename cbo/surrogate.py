@@ -29,7 +29,7 @@ from cbo.qubo import BlockQUBO
 NOISE_GRID = (0.003, 0.01, 0.03, 0.1, 0.3)  # σ in units of the measured losses' spread (one window)
 LINEAR_GRID = (0.003, 0.01, 0.03, 0.1, 0.3)  # τ₁, same units
 PAIR_GRID = (0.001, 0.003, 0.01, 0.03, 0.1)  # τ₂, same units
-FLAT = 1e3  # prior scale of s, c and c_f in the same units
+FLAT = 1e2  # prior scale of s, c and c_f in the same units (near-flat; larger only worsens the conditioning)
 
 
 def features(prior: BlockQUBO, X: np.ndarray, low: np.ndarray) -> np.ndarray:
