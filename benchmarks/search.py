@@ -275,10 +275,18 @@ def evopress_fpe(point: Point, args: argparse.Namespace) -> tuple[float, str]:
 
 
 def refine_budget(point: Point, args: argparse.Namespace) -> tuple[float, str]:
+    """The budget of refine and random search; fixed at its first use so that their checkpoints stay valid while
+    EvoPress's projection moves (a finished EvoPress run is reported beside it: the ratio is in the table)."""
     if args.refine_budget:
         return float(args.refine_budget), "given"
+    path = point.dir / f"budget-{point.key}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        return float(saved["budget"]), saved["rule"]
     fpe, how = evopress_fpe(point, args)
-    return float(args.refine_fraction) * fpe, f"{args.refine_fraction:g} x EvoPress ({how}: {fpe:.0f})"
+    budget, rule = float(args.refine_fraction) * fpe, f"{args.refine_fraction:g} x EvoPress ({how}: {fpe:.0f})"
+    C.write_json(path, {"budget": budget, "rule": rule})
+    return budget, rule
 
 
 def caps_of(point: Point) -> dict[str, int]:
