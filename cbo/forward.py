@@ -4,6 +4,7 @@ KV cache. Shared by the measurer, the estimators, evaluation and the baselines."
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from cbo.errors import CBOError
@@ -29,3 +30,14 @@ def window_batches(windows: Any, batch_size: int) -> Iterator[tuple[int, Any]]:
         raise CBOError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
     for start in range(0, windows.shape[0], batch_size):
         yield start, windows[start : start + batch_size]
+
+
+@contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """Restore torch's CPU thread count on exit: numba's OpenMP layer (the enumerator, the swap annealers) can
+    change the process-wide OpenMP thread count that torch reads, which slows every later forward pass."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -34,7 +34,7 @@ import torch
 from cbo.blocks import branch_tensor, decoder_layers, layer_parts, with_branch_tensor
 from cbo.forward import model_logits
 from cbo.hessian.gates import Gates
-from cbo.hessian.losses import ce_per_sequence, log_probs
+from cbo.hessian.losses import log_probs
 
 # which halves of a decoder layer a block removes
 ATTN, MLP, WHOLE = 1, 2, 3
@@ -165,14 +165,11 @@ class RemovalLosses:
             # KL(p || q) = Σ p log p − Σ p z + logsumexp(z) for student logits z: the teacher enters through p and
             # its negative entropy only, so each set costs one logsumexp and one dot product over the vocabulary
             self._p = teacher.exp()
-            self._neg_entropy = (self._p * teacher).sum(-1)
-            self._top = logits.argmax(-1)
+            self._neg_entropy = torch.einsum("btv,btv->bt", self._p, teacher)
             del teacher
-            self._base = {
-                "kl": torch.zeros(tokens.shape[0]),
-                "ce": ce_per_sequence(logits, tokens).float().cpu(),
-                "agree": torch.ones(tokens.shape[0]),
-            }
+            self._top = logits.argmax(-1)
+            base = self._losses_of(logits)
+            self._base = {"kl": torch.zeros_like(base["kl"]), "ce": base["ce"], "agree": torch.ones_like(base["agree"])}
             if self.replay and not self._replay_matches(logits):
                 self.replay = False
             del logits
