@@ -31,7 +31,7 @@ import torch
 from cbo.errors import DataError, InvalidOptionError, ModelError
 from cbo.forward import input_device
 from cbo.hessian.measure_cache import MeasureCache
-from cbo.hessian.replay import RemovalLosses
+from cbo.hessian.replay import KIND_MASK, WHOLE, RemovalLosses, parameter_count, removal_events
 from cbo.progress import progress_bar
 
 METRICS = ("kl", "ce", "agreement")
@@ -244,6 +244,20 @@ class Measurer:
             if bar is not None:
                 bar.close()
         return SetLosses(keys, values["kl"], values["ce"], values["agree"], base_ce, int(self.windows.shape[1]))
+
+    def pruned_parameters(self, removed: Iterable[int]) -> int:
+        """Parameters of the model with ``removed`` gone (what ``count_parameters`` of the pruned model gives)."""
+        from cbo.blocks import decoder_layers
+
+        (key,) = self.check_sets([removed])
+        layers = decoder_layers(self.model)[0]
+        gone = 0
+        for layer, mask in removal_events(self.blocks, key):
+            if mask == WHOLE:
+                gone += parameter_count(layers[layer])
+            else:
+                gone += sum(b.n_params for b in self.blocks if b.layer == layer and KIND_MASK[b.kind] == mask)
+        return parameter_count(self.model) - gone
 
     def release(self) -> None:
         """Free the retained original passes (later calls run them again)."""

@@ -246,3 +246,15 @@ def test_cache_files_without_agreement_are_read(tiny_model, tiny_windows, tmp_pa
     path.write_bytes(buf.getvalue())
     out = Measurer(model, blocks, windows, cache=MeasureCache(tmp_path, model, blocks)).losses([(1,)])
     assert out.kl[0].tolist() == [0.5, 0.5] and np.isnan(out.agreement).all()
+
+
+def test_pruned_parameters_equal_the_surgically_pruned_models(tiny_model):
+    from cbo.evaluate import count_parameters
+
+    model = tiny_model("gemma3", n_layers=4)
+    layers, halves = find_blocks(model, "layer"), find_blocks(model, "sublayer")
+    mixed = [layers[0], halves[2], halves[3], halves[5]]
+    for blocks, sets in ((layers, [(1,), (0, 3)]), (halves, [(0,), (2, 3), (1, 4, 7)]), (mixed, [(0, 1), (1, 2, 3)])):
+        measurer = Measurer(model, blocks, torch.zeros(1, 4, dtype=torch.int64))
+        for s in sets:
+            assert measurer.pruned_parameters(s) == count_parameters(_pruned(model, blocks, s)), (blocks, s)
