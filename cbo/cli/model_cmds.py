@@ -35,7 +35,7 @@ def hessian(
     from cbo.data import make_splits
     from cbo.hessian import estimate_hessian
     from cbo.models import load_model
-    from cbo.pipeline.depth import cache_dirs
+    from cbo.pipeline.inputs import cache_dirs
 
     try:
         opts = parse_options(option, "--option")

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cbo.pipeline.depth import DEFAULT_ESTIMATOR, depth_methods, prune_blocks, prune_depth, validate_candidates
+from cbo.pipeline.depth import (
+    DEFAULT_ESTIMATOR,
+    Validation,
+    depth_methods,
+    prune_blocks,
+    prune_depth,
+    validate_candidates,
+)
 from cbo.pipeline.reports import DepthReport, Report, ValidatedState, compression_table
 
 
@@ -23,6 +30,7 @@ __all__ = [
     "DepthReport",
     "Report",
     "ValidatedState",
+    "Validation",
     "compress",
     "compression_table",
     "depth_methods",

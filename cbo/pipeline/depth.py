@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from cbo.errors import CBOError, InfeasibleError, ModelError
+from cbo.errors import CBOError, InfeasibleError
+from cbo.pipeline.inputs import cache_dirs, model_and_tokenizer, token_splits
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo import BlockQUBO
 
@@ -54,19 +56,6 @@ def check_request(remove: Any, blocks: Sequence[Any], keep: Sequence[int]) -> in
     if not 1 <= int(remove) <= n - 1:
         raise InfeasibleError(f"remove={remove} is out of range: the model has {n} blocks; use 1..{n - 1}.")
     return int(remove)
-
-
-def cache_dirs(cache_dir: str | Path | bool | None) -> tuple[Path | None, Path | None]:
-    """(Hessian cache, measurement cache): True = ``CBO_HOME/cache/{hessian,measured}``; a folder holds the
-    Hessians and a ``measured`` subfolder; None or False: no cache."""
-    if cache_dir is True:
-        from cbo.models import cbo_home
-
-        root = cbo_home() / "cache"
-        return root / "hessian", root / "measured"
-    if not cache_dir:
-        return None, None
-    return Path(cache_dir), Path(cache_dir) / "measured"
 
 
 def prune_depth(
@@ -132,7 +121,6 @@ def prune_depth(
         22
     """
     from cbo.blocks import find_blocks, resolve_keep
-    from cbo.data import make_splits
     from cbo.evaluate import count_parameters
     from cbo.hessian import ESTIMATORS
     from cbo.hessian.losses import check_loss
@@ -148,16 +136,7 @@ def prune_depth(
             raise CBOError(f"{label} must be an integer >= {least}, got {v!r}.")
 
     t = time.perf_counter()
-    if isinstance(model, (str, Path)):
-        from cbo.models import load_model
-
-        model_label = str(model)
-        model, loaded_tok = load_model(model, dtype=dtype, device=device)
-        tokenizer = tokenizer if tokenizer is not None else loaded_tok
-    else:
-        if not hasattr(model, "forward"):
-            raise ModelError(f"model must be a name, a folder or a loaded causal LM, got {type(model).__name__}.")
-        model_label = str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+    model, tokenizer, model_label = model_and_tokenizer(model, tokenizer, dtype=dtype, device=device)
     timings["load"] = time.perf_counter() - t
 
     blocks = find_blocks(model, granularity)
@@ -175,19 +154,10 @@ def prune_depth(
     hessian_cache, measure_cache = cache_dirs(cache_dir)
 
     t = time.perf_counter()
-    if splits is None:
-        if tokenizer is None:
-            raise CBOError("a tokenizer is needed to cut the text into windows; pass tokenizer= or splits=.")
-        splits = make_splits(
-            tokenizer,
-            text,
-            seq_len=seq_len,
-            n_calibration=n_calibration,
-            n_validation=n_validation,
-            n_test=0,
-            seed=seed,
-            model=model,
-        )
+    splits = token_splits(
+        splits, tokenizer, text, model=model, seq_len=seq_len, n_calibration=n_calibration,
+        n_validation=n_validation, n_test=0, seed=seed,
+    )  # fmt: skip
     if splits.validation.shape[0] == 0 and (validate > 0 or method != "cbo"):
         raise CBOError("the validation split is empty; give n_validation >= 1 (or validate=0).")
     timings["data"] = time.perf_counter() - t
@@ -212,12 +182,16 @@ def prune_depth(
         validate = max(validate, 1)
 
     t = time.perf_counter()
-    validated, original_metrics, measured = [], {}, {}
+    validated, original_metrics, measured, work = [], {}, {}, {}
+    if qubo is not None:
+        work["estimate_forward_equivalents"] = qubo.metadata.get("forward_equivalents")
     if splits.validation.shape[0]:
-        validated, original_metrics, measured = validate_candidates(
+        validation = validate_candidates(
             model, blocks, splits.validation, candidates, validate, batch_size=batch_size, cache_dir=measure_cache,
             progress=progress,
         )  # fmt: skip
+        validated, original_metrics, measured = validation.states, validation.original, validation.metrics
+        work["validation"] = validation.work.to_json()
     timings["validate"] = time.perf_counter() - t
     if validated:
         best = min(validated, key=lambda v: (v.kl if math.isfinite(v.kl) else math.inf, v.rank or 0))
@@ -254,6 +228,7 @@ def prune_depth(
         original_metrics=original_metrics,
         pruned_metrics=pruned_metrics,
         timings=timings,
+        work=work,
         data_info=dict(getattr(splits, "info", {}) or {}),
         options={
             "top_k": top_k,
@@ -316,6 +291,23 @@ def _estimate_and_solve(
     return qubo, states
 
 
+@dataclass
+class Validation:
+    """Candidates measured on the validation windows.
+
+    Attributes:
+        states: the validated candidates, in the order given.
+        original: the original model's metrics.
+        metrics: the metrics of every measured set, by sorted block tuple.
+        work: what the measurement cost (:class:`cbo.hessian.measure.Work`).
+    """
+
+    states: list[ValidatedState]
+    original: dict[str, Any]
+    metrics: dict[tuple[int, ...], dict[str, Any]]
+    work: Any
+
+
 def validate_candidates(
     model: Any,
     blocks: Sequence[Any],
@@ -326,13 +318,11 @@ def validate_candidates(
     batch_size: int = 8,
     cache_dir: Path | None = None,
     progress: bool = False,
-) -> tuple[list[ValidatedState], dict[str, Any], dict[tuple[int, ...], dict[str, Any]]]:
-    """The first ``validate`` candidates (rank, removed, energy) measured on the validation windows.
-
-    Returns:
-        The validated states, the original model's metrics, and the metrics of every measured set (the first
-        candidate is measured too when ``validate`` is 0: it is the choice then).
-    """
+) -> Validation:
+    """The first ``validate`` candidates ``(rank, removed, energy)`` measured on the validation windows through
+    the measurer (no model copies); the first candidate is measured even when ``validate`` is 0 (it is the choice
+    then). ``cache_dir`` keeps the measurements, so an interrupted or repeated validation measures only what is
+    new."""
     from cbo.hessian.measure import MeasureCache, Measurer
 
     cache = MeasureCache(cache_dir, model, blocks) if cache_dir is not None else None
@@ -340,9 +330,9 @@ def validate_candidates(
     measured = candidates[: max(validate, 1)]
     out = measurer.losses([removed for _, removed, _ in measured])
     metrics = {key: out.metrics(k) for k, key in enumerate(out.sets)}
-    validated = []
+    states = []
     for (rank, removed, energy), key in zip(measured[:validate], out.sets):
         m = metrics[key]
         names = [blocks[i].name for i in removed]
-        validated.append(ValidatedState(rank, list(removed), names, energy, m["kl"], m["ppl"], m["agreement"]))
-    return validated, out.base_metrics(), metrics
+        states.append(ValidatedState(rank, list(removed), names, energy, m["kl"], m["ppl"], m["agreement"]))
+    return Validation(states, out.base_metrics(), metrics, measurer.work)

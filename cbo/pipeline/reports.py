@@ -170,6 +170,8 @@ class DepthReport(Report):
         original_metrics / pruned_metrics: perplexity, KL to the original, agreement and parameters on the
             validation split.
         timings: seconds per step.
+        work: forward-pass equivalents spent: the estimate (relative to one forward over the calibration
+            windows) and the validation (:class:`cbo.hessian.measure.Work`, relative to the validation windows).
     """
 
     format: ClassVar[str] = "cbo.depthreport"
@@ -193,6 +195,7 @@ class DepthReport(Report):
     original_metrics: dict[str, Any]
     pruned_metrics: dict[str, Any]
     timings: dict[str, float]
+    work: dict[str, Any] = field(default_factory=dict)
     data_info: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -235,6 +238,7 @@ class DepthReport(Report):
                     "metadata": q.metadata,
                 },
                 "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+                "work": self.work,
                 "data": self.data_info,
                 "options": self.options,
             }
@@ -270,6 +274,7 @@ class DepthReport(Report):
             original_metrics=dict(data["original"]),
             pruned_metrics=dict(data["pruned"]),
             timings={k: float(v) for k, v in data["timings_s"].items()},
+            work=dict(data.get("work") or {}),
             data_info=dict(data.get("data") or {}),
             options=dict(data.get("options") or {}),
         )
