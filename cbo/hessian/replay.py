@@ -32,6 +32,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from cbo.blocks import branch_tensor, decoder_layers, layer_parts, with_branch_tensor
+from cbo.errors import ModelError
 from cbo.forward import model_logits
 from cbo.hessian.gates import Gates
 from cbo.hessian.losses import log_probs
@@ -151,7 +152,7 @@ class RemovalLosses:
         if self.replay and halves:
             try:
                 self._parts = {layer: layer_parts(layers[layer], model) for layer, _ in halves}
-            except Exception:  # noqa: BLE001 - layers this module cannot split are measured by full passes
+            except ModelError:  # layers that cannot be split into halves are measured by full passes
                 self.replay = False
         self.states: list[torch.Tensor] = []
         self.calls: list[tuple[tuple, dict]] = []
