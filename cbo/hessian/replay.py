@@ -163,10 +163,10 @@ class RemovalLosses:
         with torch.no_grad():
             logits = self._record() if self.replay else model_logits(model, tokens)
             teacher = log_probs(logits)
-            # KL(p || q) = Σ p log p − Σ p z + logsumexp(z) for student logits z: the teacher enters through p and
-            # its negative entropy only, so each set costs one logsumexp and one dot product over the vocabulary
+            # KL(p || q) = Σ p log p − Σ p log q: the teacher enters through p and its negative entropy only, so it
+            # is kept once per batch and each set costs one logsumexp and one sum over the vocabulary
             self._p = teacher.exp()
-            self._neg_entropy = torch.einsum("btv,btv->bt", self._p, teacher)
+            self._neg_entropy = torch.stack([(pb * tb).sum(-1) for pb, tb in zip(self._p, teacher)])
             del teacher
             self._top = logits.argmax(-1)
             base = self._losses_of(logits)
@@ -300,8 +300,11 @@ class RemovalLosses:
     def _losses_of(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         z = logits.to(self._p.dtype)
         lse = torch.logsumexp(z, dim=-1)
-        pz = torch.einsum("btv,btv->bt", self._p, z)
-        kl = (self._neg_entropy - pz + lse).clamp_min(0.0).mean(-1)
+        # Σ p log q with log q = z − logsumexp(z), one window at a time (a (T, V) temporary): summing terms of the
+        # size of log q keeps float32 to rounding, where Σ p z and logsumexp(z) apart are two numbers of the size
+        # of the logits whose difference is the answer (0.2 % off on the default model's 49k-token vocabulary)
+        cross = torch.stack([(pb * (zb - lb.unsqueeze(-1))).sum(-1) for pb, zb, lb in zip(self._p, z, lse)])
+        kl = (self._neg_entropy - cross).mean(-1)
         target = self.tokens[:, 1:].to(z.device).unsqueeze(-1)
         ce = (lse[:, :-1] - z[:, :-1].gather(-1, target).squeeze(-1)).mean(-1)
         agree = (z.argmax(-1) == self._top.to(z.device)).float().mean(-1)
