@@ -130,6 +130,8 @@ class Estimator(ABC):
     cost: ClassVar[str] = ""  # passes per calibration batch, for users choosing an estimator
     losses: ClassVar[tuple[str, ...]] = LOSSES
     needs_grad: ClassVar[bool] = True
+    # whether it measures removal losses (then the measurer's version is part of its cache key)
+    measures: ClassVar[bool] = False
     # options the pipeline fills in for estimators that refine their QUBO for one target (``fit``, ``trust``):
     # ``remove`` (M) and ``keep`` (blocks never removed), when the Options dataclass has those fields
     target_options: ClassVar[tuple[str, ...]] = ()

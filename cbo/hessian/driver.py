@@ -144,6 +144,10 @@ def estimate_hessian(
         "batch_size": batch_size,
         "seed": seed,
     }
+    if cls.measures:
+        from cbo.hessian.replay import VERSION
+
+        identity["measurer"] = VERSION
     key = run_key(identity)
     cache_path = None
     if cache_dir is not None:

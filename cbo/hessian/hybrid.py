@@ -91,6 +91,7 @@ def gram_couplings(D: np.ndarray, F: np.ndarray, mode: str, scale: float) -> np.
 @register
 class HybridEstimator(Estimator):
     name = "hybrid"
+    measures = True
     description = "measured single-block removal losses (diagonal) + Fisher-correlation couplings, Gram model"
     cost = "1 forward + 1 backward + N single removals per batch (prefix-shared, about N/2 forward passes)"
 

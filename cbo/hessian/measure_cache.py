@@ -33,8 +33,10 @@ class MeasureCache:
         from cbo.hessian.fingerprint import model_fingerprint
 
         self.dir = ensure_writable_dir(directory, "measurement cache")
+        from cbo.hessian.replay import VERSION
+
         self.prefix = hashlib.sha256(
-            json.dumps([model_fingerprint(model), [b.name for b in blocks]]).encode()
+            json.dumps([model_fingerprint(model), [b.name for b in blocks], VERSION]).encode()
         ).hexdigest()[:16]
 
     def batch(self, tokens: torch.Tensor) -> BatchCache:

@@ -33,6 +33,7 @@ from cbo.hessian.options import check_number
 @register
 class PairwiseEstimator(Estimator):
     name = "pairwise"
+    measures = True
     description = "measured loss with every single and pair of blocks removed (no Taylor error)"
     cost = "1 forward + N(N+1)/2 removal sets through the prefix tree per batch (about N^3/6 layer calls), no backward"
     needs_grad = False

@@ -42,6 +42,9 @@ ATTN, MLP, WHOLE = 1, 2, 3
 KIND_MASK = {"attention": ATTN, "mlp": MLP, "layer": WHOLE}
 PART_OF_MASK = {ATTN: "attn", MLP: "mlp"}
 CHECK_RTOL = 1e-4
+# the version of the measured values: caches of measured losses, and of the QUBOs built from them, are keyed by it
+# (2: the KL summed as Σ p (log p − log q), exact to float32 rounding)
+VERSION = 2
 
 
 def removal_events(blocks: Sequence[Any], removed: Iterable[int]) -> tuple[tuple[int, int], ...]:
