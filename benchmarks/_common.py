@@ -245,21 +245,28 @@ class Measurer:
             except ValueError:
                 self.cache = {}
         self._measurers: dict[tuple[str, str, int | None], Any] = {}
+        self._blocks: dict[str, list] = {}
         self.new_measurements = 0
         self.measure_time = 0.0
+
+    def blocks(self, granularity: str) -> list:
+        from cbo.blocks import find_blocks
+
+        if granularity not in self._blocks:
+            self._blocks[granularity] = find_blocks(self.model, granularity)
+        return self._blocks[granularity]
 
     def _data(self, split: str, windows: int | None) -> Any:
         return self.splits[split] if windows is None else self.splits[split][:windows]
 
     def measurer(self, split: str, granularity: str, windows: int | None = None) -> Any:
         """The ``cbo`` measurer of one split (its first ``windows`` windows) at one granularity."""
-        from cbo.blocks import find_blocks
         from cbo.hessian.measure import Measurer as Engine
 
         key = (split, granularity, windows)
         if key not in self._measurers:
-            blocks = find_blocks(self.model, granularity)
-            self._measurers[key] = Engine(self.model, blocks, self._data(split, windows), batch_size=self.batch_size)
+            data = self._data(split, windows)
+            self._measurers[key] = Engine(self.model, self.blocks(granularity), data, batch_size=self.batch_size)
         return self._measurers[key]
 
     def _key(self, split: str, granularity: str, removed: Any, windows: int | None) -> str:
