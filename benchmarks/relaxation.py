@@ -1,4 +1,4 @@
-"""Proof times of the relaxation branch and bound (``cbo.solvers.relaxation_search``) on Fisher-type QUBOs.
+"""Proof times of the relaxation branch and bound (``cbo.solvers.enumerate.relaxation_search``) on Fisher-type QUBOs.
 
 Grids (``--grid``, comma-separated):
 
@@ -36,7 +36,7 @@ import numpy as np
 from cbo.instances import fisher_block_qubo
 from cbo.qubo import BlockQUBO
 from cbo.solvers.base import Problem
-from cbo.solvers.relaxation_search import search_top_k
+from cbo.solvers.enumerate.relaxation_search import search_top_k
 
 HERE = Path(__file__).resolve().parent
 INSTANCES = HERE / "instances"
