@@ -4,8 +4,9 @@ If a GPU is usable and full enumeration fits the budget (the call's ``time_limit
 the GPU enumerator runs. Otherwise the CPU enumerator's strategy decides (:mod:`cbo.solvers.enumerate.strategy`):
 
 * the relaxation branch and bound (large spaces, up to 256 free blocks): the enumerator runs for the budget,
-  seeding itself with the heuristic's states if it has not finished within a second; it returns the proven
-  top-K when it finishes, else the best states of both (inexact) — never worse than the heuristic alone.
+  seeding itself with the heuristic's states when its first fraction of a second did not prove the answer; it
+  returns the proven top-K when it finishes, else the best states of both (inexact) — never worse than the
+  heuristic alone.
 * lexicographic enumeration: full enumeration at roughly ``CPU_RATE_PER_THREAD`` states/s per thread (its
   lower bound usually prunes most of the space, so the estimate is conservative). If the estimate fits the
   budget the enumerator runs; up to ``ATTEMPT_FACTOR`` times the budget it is tried for the budget and, if it
@@ -68,7 +69,7 @@ def plan_choice(problem: Problem, budget: float, use_gpu: bool = True) -> tuple[
         nogpu = "" if gpu_ok or not use_gpu else f" (no GPU: {gpu_reason})"
         return (
             "relaxation",
-            f"{why}{nogpu}; it gets the {budget:.3g} s budget, seeded with the heuristic ({HEURISTIC}) after 1 s",
+            f"{why}{nogpu}; it gets the {budget:.3g} s budget, seeded with the heuristic ({HEURISTIC})",
             None,
         )
     cpu = f"{est:.3g} s to enumerate fully on {threads} CPU thread(s)"

@@ -22,6 +22,7 @@ problems above ``MAX_QUBITS`` free blocks (qubits) are refused unless ``force=Tr
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,14 @@ class QAOASolver(Solver):
         force: bool = False
 
     @classmethod
+    def load(cls) -> None:
+        super().load()
+        import qiskit_optimization.minimum_eigensolvers  # noqa: F401  (seconds on a first import)
+
+        if has_module("qiskit_aer"):
+            import qiskit_aer.primitives  # noqa: F401
+
+    @classmethod
     def availability(cls) -> tuple[bool, str]:
         ok, reason = super().availability()
         if ok and not has_module("qiskit_aer"):
@@ -248,6 +257,7 @@ class QAOASolver(Solver):
             "optimal_parameters": [float(v) for v in np.ravel(getattr(result, "optimal_point", []))],
             "evaluations": int(getattr(result, "cost_function_evals", 0) or 0),
             "timed_out": record["timed_out"],
+            "slowest_evaluation_seconds": record.get("slowest_evaluation_seconds", 0.0),
             "mean_energy": float(prob @ E / prob.sum()),
             "mean_feasible_energy": float(prob[ok] @ E[ok] / prob[ok].sum()) if ok.any() else None,
             "distinct_samples": int(len(keys)),
@@ -274,7 +284,9 @@ class QAOASolver(Solver):
 
 
 def _cobyla(maxiter: int, problem: Problem, record: dict[str, Any]) -> Any:
-    """COBYLA (scipy) as a qiskit ``Minimizer`` that stops at the time limit with the best angles so far."""
+    """COBYLA (scipy) as a qiskit ``Minimizer`` that stops with the best angles so far on Ctrl-C or before the
+    time limit: an evaluation starts only while one more evaluation and the final sampling (which costs about
+    as much) still fit, judged from the slowest evaluation so far."""
     from qiskit_optimization.optimizers import OptimizerResult
     from scipy.optimize import minimize
 
@@ -282,21 +294,26 @@ def _cobyla(maxiter: int, problem: Problem, record: dict[str, Any]) -> Any:
         pass
 
     def minimizer(fun: Any, x0: Any, jac: Any = None, bounds: Any = None) -> Any:
-        best = {"x": np.asarray(x0, dtype=float), "f": np.inf, "n": 0}
+        best = {"x": np.asarray(x0, dtype=float), "f": np.inf, "n": 0, "slowest": 0.0}
 
         def f(x: np.ndarray) -> float:
-            if best["n"] > 0 and problem.time_left() <= 0:
+            if problem.interrupted or problem.time_left() < 2.0 * best["slowest"]:
                 raise _Stop
+            t0 = time.perf_counter()
             v = float(fun(x))
+            best["slowest"] = max(best["slowest"], time.perf_counter() - t0)
             best["n"] += 1
             if v < best["f"]:
                 best.update(x=np.array(x, dtype=float), f=v)
             return v
 
         try:
+            if problem.time_left() <= 0:  # the set-up used the time: sample the starting angles only
+                raise _Stop
             minimize(f, x0, method="COBYLA", options={"maxiter": maxiter})
         except _Stop:
-            record["timed_out"] = True
+            record["timed_out"] = not problem.interrupted
+        record["slowest_evaluation_seconds"] = best["slowest"]
         res = OptimizerResult()
         res.x, res.fun, res.nfev = best["x"], best["f"], best["n"]
         return res

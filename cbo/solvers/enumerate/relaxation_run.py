@@ -1,10 +1,10 @@
 """The enumerator's relaxation strategy: one :class:`Problem` searched by :mod:`.relaxation_search`.
 
 The free blocks' QUBO (``Problem.Q``, forced blocks folded in) is searched with the caps and the budget net of
-the forced blocks; a warm start is the starting threshold. When the search still runs after ``seed_after``
-seconds, the heuristic of ``auto`` (:func:`cbo.solvers.heuristic.run_heuristic`, with what is left of the time
-limit) runs once and its states lower the threshold and join the answer, so a time-limited run is never worse
-than ``auto``. The result is exact only when the search finished. Progress is shown as the fraction of the tree
+the forced blocks; a warm start is the starting threshold. When the short race of the shift (a fraction of a
+second) has not proven the answer, the heuristic of ``auto`` (:func:`cbo.solvers.heuristic.run_heuristic`, with
+what is left of the time limit, as ``auto`` gives it) runs once before the main search: its states set the
+threshold and join the answer, so a time-limited run is never worse than ``auto``'s heuristic. The result is exact only when the search finished. Progress is shown as the fraction of the tree
 closed.
 """
 
@@ -24,8 +24,8 @@ from cbo.solvers.heuristic import run_heuristic
 def enumerate_by_relaxation(problem: Problem, opts: Any, reason: str = "") -> SolverOutput:
     """The exact top-K of a non-trivial problem (0 < r < n_free) by the relaxation search.
 
-    ``opts`` is the enumerator's ``Options`` (``threads``, ``warm_start``, ``seed_heuristic``, ``seed_after``,
-    ``alpha``); ``reason`` (why this strategy) goes into the info.
+    ``opts`` is the enumerator's ``Options`` (``threads``, ``warm_start``, ``seed_heuristic``, ``alpha``);
+    ``reason`` (why this strategy) goes into the info.
     """
     n, r = problem.n_free, problem.r
     constraints = FreeConstraints.from_problem(problem) if problem.has_side_constraints else None
@@ -43,7 +43,13 @@ def enumerate_by_relaxation(problem: Problem, opts: Any, reason: str = "") -> So
     if problem.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=100, unit="%", desc=f"enumerate C({n},{r})", leave=False, bar_format="{l_bar}{bar}| {n:.1f}%")
+        bar = tqdm(
+            total=100,
+            desc=f"enumerate C({n},{r})",
+            leave=False,
+            dynamic_ncols=True,
+            bar_format="{desc}: {percentage:5.1f}% of the tree closed |{bar}| {elapsed}{postfix}",
+        )
 
     def progress(covered: float, nodes: int, kth: float) -> None:
         bar.n = round(100.0 * covered, 1)
@@ -64,7 +70,6 @@ def enumerate_by_relaxation(problem: Problem, opts: Any, reason: str = "") -> So
             progress=None if bar is None else progress,
             stop=lambda: problem.interrupted,
             reseed=reseed if opts.seed_heuristic else None,
-            reseed_after=float(opts.seed_after),
         )
     finally:
         if bar is not None:

@@ -17,9 +17,9 @@ The real run is resumable: the kernel runs for a node budget and returns with it
 search checks the time limit, a stop request (Ctrl-C) and shows progress between chunks without losing
 anything found. With ``threads > 1`` the tree is :func:`split` into subtrees that threads search at once (the
 kernel releases the GIL), every subtree pruning with the best K-th energy any of them has found. ``reseed``
-(e.g. a heuristic solver) is called once when the search is still running after ``reseed_after`` seconds: its
-states lower the threshold of every running subtree and join the answer, so a search stopped early is never
-worse than the heuristic. Energies here are over Q's blocks (add ``Problem.const`` for the full QUBO).
+(e.g. a heuristic solver) is called once when the race has not proven the answer, before the main search: its
+states set the threshold and join the answer, so a search stopped early is never worse than the heuristic.
+Energies here are over Q's blocks (add ``Problem.const`` for the full QUBO).
 """
 
 from __future__ import annotations
@@ -317,7 +317,6 @@ def search_top_k(
     progress: Callable[[float, int, float], None] | None = None,
     stop: Callable[[], bool] | None = None,
     reseed: Callable[[], np.ndarray] | None = None,
-    reseed_after: float = 1.0,
 ) -> SearchResult:
     """The k lowest-energy states with ``Σy = r`` of ``E(y) = Σ Q_ii y_i + Σ_{i<j} Q_ij y_i y_j``, proven.
 
@@ -334,14 +333,13 @@ def search_top_k(
             never worse than the seed (states breaking the constraints are dropped).
         threshold: an upper bound on the k-th best energy, if known (only states at or below it are sought).
         time_limit: seconds for the whole call; when it runs out the result is marked inexact.
-        node_limit: nodes for the main search at most (inexact when reached).
+        node_limit: nodes at most, the race's included (inexact when reached).
         race_nodes: nodes per candidate α in the race.
         threads: subtrees searched at once.
         progress: called between chunks as ``progress(covered, nodes, kth_best)``.
         stop: polled between chunks; True stops the search (inexact, ``info["interrupted"]``).
-        reseed: called once if the search still runs after ``reseed_after`` seconds; returns (m, n) states
-            that seed the threshold and join the answer, like ``seed_states``.
-        reseed_after: seconds.
+        reseed: called once when the race did not prove the answer, before the main search; returns (m, n)
+            states that seed the threshold and join the answer, like ``seed_states``.
 
     Example:
         >>> from cbo.instances import fisher_block_qubo
@@ -381,6 +379,8 @@ def search_top_k(
         info["seeded"] = admit(seed_states, "seed_states")
 
     def finish(exact: bool, nodes: int, covered: float, a: float, root: float) -> SearchResult:
+        if progress is not None:
+            progress(covered, nodes, best.kth())
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         return SearchResult(best.energies, best.states, exact, nodes, covered, seconds, cpu, a, root, info)
 
@@ -409,27 +409,33 @@ def search_top_k(
     candidates = RACE_ALPHAS if alpha is None else (float(alpha),)
     chosen = candidates[0]
     raced = 0
-    if len(candidates) > 1:
-        widest = -1.0
-        for cand in candidates:
-            run = SubtreeSearch(factor(Q, r, w0 + cand * scale, perm), k, best.kth(), side=side)
-            try:
-                while not run.done and run.nodes < race_nodes and not stopped():
-                    run.step(min(CHUNK, race_nodes - run.nodes))
-            except KeyboardInterrupt:
-                info["interrupted"] = True
-            best.offer(run.found()[1])
-            info["race"].append({"alpha": cand, "covered": run.covered, "nodes": run.nodes})
-            raced += run.nodes
-            if run.done:
-                return finish(True, raced, 1.0, cand, run.fac.root_bound())
-            if run.covered > widest:
-                widest, chosen = run.covered, cand
-            if info.get("interrupted") or info.get("timed_out"):
-                return finish(False, raced, 0.0, chosen, run.fac.root_bound())
+    limit = np.inf if node_limit is None else int(node_limit)
+    widest = -1.0
+    # the race (one runner when alpha is given): what a runner proves needs no main search
+    for cand in candidates:
+        run = SubtreeSearch(factor(Q, r, w0 + cand * scale, perm), k, best.kth(), side=side)
+        budget = min(race_nodes, limit - raced)
+        try:
+            while not run.done and run.nodes < budget and not stopped():
+                run.step(int(min(CHUNK, budget - run.nodes)))
+        except KeyboardInterrupt:
+            info["interrupted"] = True
+        best.offer(run.found()[1])
+        info["race"].append({"alpha": cand, "covered": run.covered, "nodes": run.nodes})
+        raced += run.nodes
+        if run.done:
+            return finish(True, raced, 1.0, cand, run.fac.root_bound())
+        if run.covered > widest:
+            widest, chosen = run.covered, cand
+        if raced >= limit:
+            info["node_limit"] = True
+        if info.get("interrupted") or info.get("timed_out") or info.get("node_limit"):
+            return finish(False, raced, run.covered, chosen, run.fac.root_bound())
+    if reseed is not None and not stopped():
+        info["reseeded"] = admit(reseed(), "reseed states")
     fac = factor(Q, r, w0 + chosen * scale, perm)
-    search = ParallelSearch(fac, side, best, int(threads), node_limit)
-    search.run(stopped, progress, reseed=reseed, reseed_at=t0 + reseed_after, admit=admit, info=info)
+    search = ParallelSearch(fac, side, best, int(threads), None if node_limit is None else limit - raced)
+    search.run(stopped, progress, info)
     info.update(race_nodes=raced, slack=fac.slack, subtrees=len(search.tasks), leaves=search.leaves)
     if search.complete:  # a stop that came after the last subtree finished changes nothing
         info.pop("interrupted", None)
@@ -439,8 +445,8 @@ def search_top_k(
 
 class ParallelSearch:
     """The main search of one factor: the tree split into subtrees (one per thread at a time), each pruning
-    with the best k-th energy found by any of them; the calling thread watches the clock, stop requests,
-    progress and the one reseeding."""
+    with the best k-th energy found by any of them; the calling thread watches the clock, stop requests and
+    progress."""
 
     def __init__(
         self, fac: CholeskyFactor, side: SideTables, best: BestStates, threads: int, node_limit: int | None
@@ -497,6 +503,7 @@ class ParallelSearch:
                     self.best.offer(run.found()[1])
                     if self.nodes >= self.node_limit:
                         self.halt = True
+                self.best.offer(run.found()[1])  # a subtree that is one leaf is done before any step
                 with self.lock:
                     del self.running[wid]
                     self.finished_nodes += run.nodes
@@ -507,14 +514,7 @@ class ParallelSearch:
             self.halt = True
 
     def run(
-        self,
-        stopped: Callable[[], bool],
-        progress: Callable[[float, int, float], None] | None,
-        *,
-        reseed: Callable[[], np.ndarray] | None,
-        reseed_at: float,
-        admit: Callable[[Any, str], int],
-        info: dict[str, Any],
+        self, stopped: Callable[[], bool], progress: Callable[[float, int, float], None] | None, info: dict[str, Any]
     ) -> None:
         workers = [
             threading.Thread(target=self.work, args=(w,), name=f"cbo-relaxation-{w}", daemon=True)
@@ -531,8 +531,6 @@ class ParallelSearch:
                     self.halt = True
                     break
                 now = time.perf_counter()
-                if reseed is not None and info["reseeded"] is None and now >= reseed_at and not self.halt:
-                    info["reseeded"] = admit(reseed(), "reseed states")
                 if progress is not None and now - last >= 0.1:
                     last = now
                     progress(self.covered(), self.nodes, self.best.kth())
@@ -545,5 +543,3 @@ class ParallelSearch:
             raise self.failure[0]
         if self.node_limit < np.inf and self.nodes >= self.node_limit and not self.complete:
             info["node_limit"] = True
-        if progress is not None:
-            progress(self.covered(), self.nodes, self.best.kth())

@@ -2,9 +2,10 @@
 
 Strategies (option ``strategy``, :mod:`.strategy`): ``"lexicographic"`` enumeration with prefix bounds
 (:mod:`.plan`, :mod:`.search`) or the ``"relaxation"`` branch and bound (:mod:`.relaxation_run`); ``"auto"``
-chooses from the problem's size. A search that runs long is seeded with the states of ``auto``'s heuristic
-(the relaxation search after ``seed_after`` seconds; the lexicographic one before it starts, when its space is
-beyond :data:`~.strategy.LEXICOGRAPHIC_MAX_STATES`), so a time-limited run is never worse than ``auto``.
+chooses from the problem's size. A search that may run long is seeded with the states of ``auto``'s heuristic
+(the relaxation search when its race did not prove the answer in a fraction of a second; the lexicographic one
+before it starts, when its space is beyond :data:`~.strategy.LEXICOGRAPHIC_MAX_STATES`), so a time-limited run
+is never worse than ``auto``.
 
 Backends (option ``backend``): ``"local"`` (this process, numba threads), ``"ray"`` (the lexicographic
 search sharded over Ray workers, the same result: :mod:`ray`), ``"gpu"`` (full enumeration on a CUDA GPU:
@@ -60,8 +61,6 @@ class EnumerateSolver(Solver):
         Attributes:
             strategy: ``"auto"`` (chosen from the problem, see :mod:`cbo.solvers.enumerate.strategy`),
                 ``"lexicographic"`` or ``"relaxation"`` (the shifted least-squares branch and bound).
-            seed_after: seconds after which a relaxation search that has not finished runs ``auto``'s
-                heuristic once and seeds itself with its states (with ``seed_heuristic``).
             alpha: the relaxation search's extra shift (> 0, in units of the energy scale); None races
                 a few values and keeps the best.
             backend: ``"local"`` (this process), ``"ray"`` (sharded over Ray workers; the ``ray`` extra),
@@ -70,15 +69,12 @@ class EnumerateSolver(Solver):
         """
 
         strategy: str = "auto"
-        seed_after: float = 1.0
         alpha: float | None = None
         backend: Any = "local"
         backend_options: dict[str, Any] | None = None
 
         def validate(self) -> None:
             super().validate()
-            if isinstance(self.seed_after, bool) or not isinstance(self.seed_after, (int, float)) or self.seed_after < 0:
-                raise SolverOptionError(f"seed_after must be a number of seconds >= 0, got {self.seed_after!r}.")
             if self.alpha is not None and not (
                 isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and math.isfinite(self.alpha)
                 and self.alpha > 0
@@ -157,7 +153,7 @@ def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
     if problem.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({n},{r})", leave=False)
+        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({n},{r})", leave=False, dynamic_ncols=True)
     try:
         res = enumerate_tasks(
             plan,
@@ -165,6 +161,7 @@ def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
             batch_seconds=opts.batch_seconds,
             time_left=problem.time_left,
             progress=None if bar is None else bar.update,
+            stop=lambda: problem.interrupted,
         )
     finally:
         if bar is not None:
