@@ -92,9 +92,7 @@ class SideTables:
             if q:
                 avail[q] = avail[q - 1]
                 avail[q, kind[q - 1]] += 1
-        return cls(
-            True, kind, cap, size, np.int64(constraints.pmin), np.int64(constraints.pmax), minsum, maxsum, avail
-        )
+        return cls(True, kind, cap, size, np.int64(constraints.pmin), np.int64(constraints.pmax), minsum, maxsum, avail)
 
     def counts(self, decided: np.ndarray) -> tuple[np.ndarray, int]:
         """(removed blocks per cap group, removed parameters) of the decided last positions."""

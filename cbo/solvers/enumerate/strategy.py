@@ -33,7 +33,9 @@ def check_strategy(strategy: str, bound: bool, backend: str) -> None:
     if strategy not in STRATEGIES:
         raise SolverOptionError(f"strategy={strategy!r} is not valid; use one of {list(STRATEGIES)}.")
     if strategy == "relaxation" and not bound:
-        raise SolverOptionError("strategy='relaxation' is a bounded search; bound=False needs strategy='lexicographic'.")
+        raise SolverOptionError(
+            "strategy='relaxation' is a bounded search; bound=False needs strategy='lexicographic'."
+        )
     if strategy == "relaxation" and backend != "local":
         raise SolverOptionError(
             f"strategy='relaxation' runs on the local backend; backend={backend!r} runs the lexicographic search."

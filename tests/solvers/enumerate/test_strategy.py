@@ -31,9 +31,10 @@ def test_the_choice_follows_the_size_of_the_space(monkeypatch):
     monkeypatch.setattr(strategy, "RELAXATION_MAX_N", 50)
     assert strategy.choose_strategy(large)[0] == "lexicographic"
     res = solve(random_block_qubo(60, 0), 16, "enumerate", k=3)
-    assert res.info["strategy"] == "lexicographic" and "more than the relaxation search takes" in res.info[
-        "strategy_reason"
-    ]
+    assert (
+        res.info["strategy"] == "lexicographic"
+        and "more than the relaxation search takes" in res.info["strategy_reason"]
+    )
 
 
 def test_results_say_which_strategy_ran():
