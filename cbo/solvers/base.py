@@ -78,11 +78,6 @@ class Problem:
             self.const = float(q.energy(xf))
         else:
             self.const = float(q.offset)
-        if not np.all(np.isfinite(Q)) or not np.isfinite(self.const):
-            raise InvalidQUBOError(
-                "the QUBO's energies overflow to inf or NaN over the blocks left to choose (coefficients near "
-                "1e308?); rescale H and g."
-            )
         self.Q = Q
 
     @property
