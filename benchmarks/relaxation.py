@@ -186,15 +186,18 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
         samples = r["instance"].split("samples=")[1].rstrip(")")
         frac = "M=n/4" if r["M"] == r["n"] // 4 else "M=2n/5"
         series.setdefault(f"{samples} samples, {frac}", []).append((r["n"], r["cpu_seconds"], r["exact"]))
-    for label, pts in sorted(series.items()):
+    for i, (label, pts) in enumerate(sorted(series.items())):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-        for n, t, exact in pts:
-            if not exact:
-                ax.annotate("limit", (n, t), fontsize=7)
+        proven = [p for p in pts if p[2]]
+        ax.plot([p[0] for p in proven], [p[1] for p in proven], marker="o", color=f"C{i}", label=label)
+        stopped = [p for p in pts if not p[2]]
+        if stopped:  # the CPU time spent when the time limit stopped an unfinished proof
+            ax.plot([p[0] for p in stopped], [p[1] for p in stopped], "x", ms=9, mew=2, color=f"C{i}")
+    ax.plot([], [], "x", color="gray", label="not proven within the time limit (CPU s spent)")
     ax.set_yscale("log")
     ax.set_xlabel("N (blocks)")
     ax.set_ylabel("CPU seconds to prove the top-10")
+    ax.set_title("Exact top-10 of fisher_block_qubo(N, samples) by the enumerator", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

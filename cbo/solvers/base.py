@@ -276,8 +276,9 @@ def solve(
     far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
     Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
         **options: solver settings (each solver's ``Options`` dataclass lists them). The exact
-            enumerator (and ``auto``, which passes them on) takes ``backend="ray"`` (enumeration sharded
-            over Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
+            enumerator takes ``strategy="lexicographic"`` or ``"relaxation"`` (default: chosen from the
+            problem), and (as ``auto``, which passes them on) ``backend="ray"`` (enumeration sharded over
+            Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
 
     Example:
         >>> import numpy as np, cbo
