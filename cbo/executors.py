@@ -16,9 +16,9 @@ itself goes to an executor:
 log-probabilities, the stream entering every layer) is paid once per window while it stays there.
 
 Cost unit: one forward-pass equivalent (FPE) is one full forward pass of the model over one window. A
-measurement through the prefix tree costs ``(decoder-layer calls + head runs × head cost) / (layers + head
-cost)`` with the head's cost in layer units (its parameters over a layer's); full gated passes and original
-passes cost 1 each; see Measurements for the original pass.
+measurement costs what the measurer counts: each decoder-layer call and head run weighted by its parameters
+against the whole model's (a layer replayed without a half by the parameters that stay), a full gated pass 1;
+a window's setup (its original pass and the replay's check) is charged once per window by Measurements.
 """
 
 from __future__ import annotations
@@ -60,10 +60,6 @@ class WindowLosses:
             raise CBOError(f"windows must be a (W, T) token tensor with W >= 1, got shape {tuple(self.windows.shape)}")
         self.keep_windows = max(1, int(keep_windows))
         self.device = next(model.parameters()).device
-        self.head_cost = head_cost_in_layers(model, self.blocks)
-        from cbo.blocks import decoder_layers
-
-        self.n_layers = len(decoder_layers(model)[0])
         self._meters: OrderedDict[int, Any] = OrderedDict()
         self.fpe = 0.0
 
@@ -92,30 +88,17 @@ class WindowLosses:
         if not 0 <= window < self.n_windows:
             raise CBOError(f"window {window} is out of range 0..{self.n_windows - 1}")
         meter = self._meter(window)
-        before = (meter.layer_calls, meter.tail_calls, meter.full_calls, meter.original_calls)
+        # the window's setup (the original pass: teacher and streams, and the replay's check against it) is
+        # charged by Measurements, once per window, so that the count does not depend on which replica still holds
+        # a window; each set costs what the measurer counts (each call weighted by its parameters)
+        meter.base  # noqa: B018 - runs the setup
+        before = meter.cost
         values = meter.losses(sets)
-        layers, tails, full, original = (
-            a - b for a, b in zip((meter.layer_calls, meter.tail_calls, meter.full_calls, meter.original_calls), before)
-        )
-        # the original pass (teacher, streams) is charged by Measurements, once per window, so that the count does
-        # not depend on which replica still holds a window
-        del original
-        cost = float(full) + (layers + self.head_cost * tails) / (self.n_layers + self.head_cost)
+        cost = meter.cost - before
         self.fpe += cost
         kl = np.array([float(v["kl"][0]) for v in values])
         ce = np.array([float(v["ce"][0]) for v in values])
         return kl, ce, cost
-
-
-def head_cost_in_layers(model: Any, blocks: Sequence[Any]) -> float:
-    """The output head's cost in decoder-layer units: its parameters over a layer's (as the estimators count)."""
-    from cbo.blocks import decoder_layers
-
-    layers = decoder_layers(model)[0]
-    layer_params = float(np.mean([sum(p.numel() for p in layer.parameters()) for layer in layers])) or 1.0
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weight = getattr(head, "weight", None)
-    return float(weight.numel()) / layer_params if weight is not None else 1.0
 
 
 Request = tuple[int, list[SetKey]]  # (window, sets to measure on it)

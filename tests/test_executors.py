@@ -36,18 +36,29 @@ def test_values_equal_the_measurer_and_are_measured_once(tiny_model, tiny_window
     assert np.allclose(again[::-1, 0], kl[:, 1])
 
 
-def test_fpe_counts_full_passes_and_prefix_work(tiny_model, tiny_windows):
+def _params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_fpe_counts_each_call_by_its_parameters(tiny_model, tiny_windows):
     model, layers, windows = _setup(tiny_model, tiny_windows, "layer")
     _, halves, _ = _setup(tiny_model, tiny_windows, "sublayer")
+    decoder = model.model.layers
+    L = _params(decoder[0])
+    head = _params(model.get_output_embeddings())
+    full = 4 * L + head
+    attn, mlp = _params(decoder[0].self_attn), _params(decoder[0].mlp)
     sub = Measurements(InProcessExecutor(model, halves, windows))
-    sub([(0,), (3,), (5,)], [0])  # sublayer sets: one original pass and one full gated pass each
-    assert sub.fpe == pytest.approx(4.0)
+    # halves 0 (layer 0's attention), 3 (layer 1's MLP), 5 (layer 2's MLP): each set replays from its layer on,
+    # that layer without the removed half, then the head; plus the window's setup (its original pass)
+    sub([(0,), (3,), (5,)], [0])
+    replayed = ((L - attn) + 3 * L + head) + ((L - mlp) + 2 * L + head) + ((L - mlp) + L + head)
+    assert sub.fpe == pytest.approx(1.0 + replayed / full)
     lay = Measurements(InProcessExecutor(model, layers, windows))
     lay([(3,)], [0])  # the last layer removed: the original pass and the head only
-    head = lay.executor.losses.head_cost
-    assert lay.fpe == pytest.approx(1.0 + head / (4 + head))
+    assert lay.fpe == pytest.approx(1.0 + head / full)
     lay([(0,)], [0])  # from the first layer: three layer calls and the head
-    assert lay.fpe == pytest.approx(1.0 + (3 + 2 * head) / (4 + head))
+    assert lay.fpe == pytest.approx(1.0 + (3 * L + 2 * head) / full)
 
 
 def test_state_round_trip_and_bad_input(tiny_model, tiny_windows, tmp_path):
@@ -103,12 +114,15 @@ def test_ray_pool_gives_the_in_process_results(tiny_model, tiny_windows, monkeyp
         pool = RayExecutor(_replica, workers=2)
         remote = Measurements(pool)
         sets = [(0,), (1, 3), (2,), (0, 1)]
-        assert np.array_equal(remote(sets, [0, 1, 2]), local(sets, [0, 1, 2]))
+        # a worker runs torch with its own thread count, so sums may be reduced in another order (float32 rounding)
+        np.testing.assert_allclose(remote(sets, [0, 1, 2]), local(sets, [0, 1, 2]), rtol=1e-5, atol=1e-7)
         assert remote.fpe == pytest.approx(local.fpe)
         opts = dict(generations=3, offspring=3, initial=4, stages=((2, 1), (1, 3)), seed=1)
         a = evopress(Measurements(pool), ["layer"] * 4, 2, **opts)
         b = evopress(Measurements(InProcessExecutor(model, blocks, windows)), ["layer"] * 4, 2, **opts)
-        assert a.history == b.history and a.fpe == pytest.approx(b.fpe)
+        assert [h["removed"] for h in a.history] == [h["removed"] for h in b.history]
+        assert [h["fitness"] for h in a.history] == pytest.approx([h["fitness"] for h in b.history], rel=1e-5)
+        assert a.fpe == pytest.approx(b.fpe)
         pool.close()
     finally:
         ray.shutdown()
