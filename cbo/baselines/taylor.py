@@ -48,7 +48,7 @@ def taylor_importance(
     Example:
         >>> importance, passes = taylor_importance(model, windows, find_blocks(model))   # doctest: +SKIP
     """
-    from cbo.hessian.losses import model_logits
+    from cbo.forward import model_logits
 
     params = list(model.parameters())
     saved = [(p, p.requires_grad, p.grad) for p in params]

@@ -18,28 +18,15 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from cbo.blocks import decoder_layers
 from cbo.errors import InfeasibleError, UnknownNameError
+from cbo.forward import torch_threads_kept
 from cbo.width.mop import DepthProposer, antepenultimate
 
 DEPTH_METHODS = ("none", "cbo", "antepenultimate")
-
-
-@contextlib.contextmanager
-def torch_threads_kept() -> Iterator[None]:
-    """Restore torch's intra-op thread count on exit (numba's OpenMP layer can change the process-wide count)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def removable_layers(model: Any, n: int) -> int:
