@@ -17,9 +17,9 @@ Expensive results are cached: Hessians in the estimator cache (``CBO_HOME/cache/
 ``prune_depth``), baseline rankings and every measured (split, removal set) in ``OUT/cache``; a rerun only
 computes what is new.
 
-    .venv/bin/python benchmarks/depth_quality.py                       # full run (see BENCHMARKS.md for its time)
-    .venv/bin/python benchmarks/depth_quality.py --quick               # minutes; what the test suite runs
-    .venv/bin/python benchmarks/depth_quality.py --estimators fisher,pairwise:windows=8:couplings=raw
+    .venv/bin/python -m benchmarks.depth_quality                       # full run (see BENCHMARKS.md for its time)
+    .venv/bin/python -m benchmarks.depth_quality --quick               # minutes; what the test suite runs
+    .venv/bin/python -m benchmarks.depth_quality --estimators fisher,pairwise:windows=8:couplings=raw
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This scri
 
 and prints the statistics of each (``cbo.instances.fisher_statistics``) beside the real instances'::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fisher_instances.py
-    PYTHONPATH=. .venv/bin/python benchmarks/fisher_instances.py --out /tmp/inst --seed 1
+    .venv/bin/python -m benchmarks.fisher_instances
+    .venv/bin/python -m benchmarks.fisher_instances --out /tmp/inst --seed 1
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ on 1 window (against a fwd+bwd on that window); ``pairwise`` (1 + N + N(N-1)/2 f
 with a subset of the blocks gated and its full cost predicted from the pass count, which is exact up to
 timing noise (every pass is the same forward). These three are timed by their first run alone.
 
-    .venv/bin/python benchmarks/hessian.py                    # default model, 8 x 128 tokens
+    .venv/bin/python -m benchmarks.hessian                    # default model, 8 x 128 tokens
     .venv/bin/python -m benchmarks.hessian --out /tmp/hessian --only fwd+bwd,fisher
-    .venv/bin/python benchmarks/hessian.py --quick            # 2 x 32 tokens, one repeat (the test suite's run)
+    .venv/bin/python -m benchmarks.hessian --quick            # 2 x 32 tokens, one repeat (the test suite's run)
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ Each instance is a :class:`cbo.BlockQUBO` file (``BlockQUBO.load``) estimated on
 * ``smollm2-135m_sublayer_fisher-kl.cboq``: 60 attention / MLP halves, Fisher of the KL (kinds ``attention`` /
   ``mlp`` and parameter sizes included, for caps and budgets).
 
-    .venv/bin/python benchmarks/make_instances.py
-    .venv/bin/python benchmarks/make_instances.py --specs fisher,pairwise:windows=8 --sublayer-specs fisher
-    .venv/bin/python benchmarks/make_instances.py --specs fisher --from-fidelity benchmarks/out/fidelity/results.json
+    .venv/bin/python -m benchmarks.make_instances
+    .venv/bin/python -m benchmarks.make_instances --specs fisher,pairwise:windows=8 --sublayer-specs fisher
+    .venv/bin/python -m benchmarks.make_instances --specs fisher --from-fidelity benchmarks/out/fidelity/results.json
 
 ``--from-fidelity`` also saves the QUBO of every estimator variant that ``benchmarks/fidelity.py`` built
 (``..._layer_<variant>-kl-w<windows>.cboq``; variants fitted for one M, ``fit`` and ``trust``, get

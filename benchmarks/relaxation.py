@@ -16,9 +16,9 @@ users call it) and records their energies against the proven ones. Every run is 
 The Markdown table goes to stdout and ``--out/table.md``; ``--plot`` draws the scaling grid's proof times (needs
 matplotlib). One thread; report CPU seconds beside wall time::
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/relaxation.py --grid real,n80
-    PYTHONPATH=. NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/relaxation.py --grid real,n80 --compare auto,cpsat
-    PYTHONPATH=. NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/relaxation.py --grid scaling --time-limit 120 --plot
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python -m benchmarks.relaxation --grid real,n80
+    NUMBA_NUM_THREADS=1 .venv/bin/python -m benchmarks.relaxation --grid real,n80 --compare auto,cpsat
+    NUMBA_NUM_THREADS=1 .venv/bin/python -m benchmarks.relaxation --grid scaling --time-limit 120 --plot
 """
 
 from __future__ import annotations

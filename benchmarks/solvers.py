@@ -18,10 +18,10 @@ relative), and top-10 recall (its states with energy at or below the reference's
 users call it (its own 10 s budget); the table checks that the time-limited ``enumerate`` is never worse than
 ``auto``, state by state.
 
-    python benchmarks/solvers.py                               # every group (an hour or more on 2 cores)
-    python benchmarks/solvers.py --instances real,fisher       # the model's and the Fisher-shaped instances
-    python benchmarks/solvers.py --quick                       # a fast smoke run (small synthetic instances)
-    python benchmarks/solvers.py my.qubo:8 other.qubo          # QUBO files (":M" or ":M1,M2", default M = N // 4)
+    python -m benchmarks.solvers                               # every group (an hour or more on 2 cores)
+    python -m benchmarks.solvers --instances real,fisher       # the model's and the Fisher-shaped instances
+    python -m benchmarks.solvers --quick                       # a fast smoke run (small synthetic instances)
+    python -m benchmarks.solvers my.qubo:8 other.qubo          # QUBO files (":M" or ":M1,M2", default M = N // 4)
 
 Every run is one JSON line in ``--out/solvers.jsonl`` (default ``benchmarks/out``), written as it finishes: a
 rerun skips what is recorded, so an interrupted benchmark loses nothing. Writes ``solvers.md`` (the per-instance

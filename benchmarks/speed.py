@@ -15,9 +15,9 @@ Reported: median prefill and decode throughput over ``--repeats`` runs after a w
 (:func:`cbo.evaluate.throughput`, greedy decoding with the KV cache), the measured speed-up over the original,
 and for depth the ideal ``N / (N − M)`` (the layers' share only; embeddings and the LM head do not shrink).
 
-    .venv/bin/python benchmarks/speed.py                    # CPU, or the GPU when present
-    .venv/bin/python benchmarks/speed.py --quick            # seconds; the test suite's run
-    .venv/bin/python benchmarks/speed.py --device cuda --batch-sizes 1,16
+    .venv/bin/python -m benchmarks.speed                    # CPU, or the GPU when present
+    .venv/bin/python -m benchmarks.speed --quick            # seconds; the test suite's run
+    .venv/bin/python -m benchmarks.speed --device cuda --batch-sizes 1,16
 """
 
 from __future__ import annotations
