@@ -220,3 +220,15 @@ def test_make_instances_estimates_layer_and_sublayer_files(installed, tmp_path):
         info = q.metadata["instance"]
         assert info["source"] == "benchmarks/make_instances.py" and info["seq_len"] == 32
         assert q.metadata["n_sequences"] == 2 and q.metadata["estimator"] == "fisher"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_default_pipeline_quick(installed, tmp_path):
+    run_script("default_pipeline", "--quick", "--threads", "1", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "default_pipeline.json").read_text())
+    assert data["quick"] and data["command"].startswith(".venv/bin/python -m benchmarks.default_pipeline --quick")
+    point = data["points"]["2"]
+    assert len(point["chosen"]) == 2 and point["test_windows"] == 2
+    assert point["test_ppl"] > 1 and point["test_kl"] > 0
+    assert (tmp_path / "default_pipeline.md").read_text().startswith("# The default pipeline")
