@@ -95,7 +95,7 @@ def test_depth_quality_quick(installed, tmp_path):
 def test_estimators_quick(installed, tmp_path):
     out = tmp_path / "est"
     run_script(
-        "estimators.py",
+        "estimators",
         "--quick",
         "--threads",
         "1",
@@ -203,7 +203,7 @@ def test_make_instances_estimates_layer_and_sublayer_files(installed, tmp_path):
 
     out = tmp_path / "instances"
     proc = run_script(
-        "make_instances.py",
+        "make_instances",
         *("--calibration", "2", "--seq-len", "32", "--specs", "fisher", "--sublayer-specs", "fisher"),
         *("--threads", "1", "--no-progress", "--out", str(out), "--hessian-cache", str(tmp_path / "h")),
     )
