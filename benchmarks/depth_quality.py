@@ -17,9 +17,9 @@ Expensive results are cached: Hessians in the estimator cache (``CBO_HOME/cache/
 ``prune_depth``), baseline rankings and every measured (split, removal set) in ``OUT/cache``; a rerun only
 computes what is new.
 
-    .venv/bin/python benchmarks/depth_quality.py                       # full run (see BENCHMARKS.md for its time)
-    .venv/bin/python benchmarks/depth_quality.py --quick               # minutes; what the test suite runs
-    .venv/bin/python benchmarks/depth_quality.py --estimators fisher,pairwise:windows=8:couplings=raw
+    .venv/bin/python -m benchmarks.depth_quality                       # full run (see BENCHMARKS.md for its time)
+    .venv/bin/python -m benchmarks.depth_quality --quick               # minutes; what the test suite runs
+    .venv/bin/python -m benchmarks.depth_quality --estimators fisher,pairwise:windows=8:couplings=raw
 """
 
 from __future__ import annotations
@@ -28,14 +28,11 @@ import argparse
 import hashlib
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks import harness as C
 
 DEFAULTS = {
     "remove": "4,8,12,15",
@@ -69,10 +66,7 @@ QUICK = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    C.add_common_args(p)
-    p.add_argument("--out", default=str(C.OUT / "depth_quality"), help="output folder")
-    p.add_argument("--quick", action="store_true", help="tiny settings for the test suite (a few minutes)")
+    p = C.parser(__doc__, out="depth_quality", quick="tiny settings for the test suite (a few minutes)", model=True)
     p.add_argument("--remove", help=f"comma-separated M values (default {DEFAULTS['remove']})")
     p.add_argument("--calibration", type=int, help="calibration windows (default 32)")
     p.add_argument("--validation", type=int, help="validation windows (default 32)")

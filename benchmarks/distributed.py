@@ -1,7 +1,7 @@
 """Exact top-K on Ray: wall time on 1 and 2 workers (speed-up), and the overhead on a small instance.
 
-    .venv/bin/python benchmarks/distributed.py                  # C(80,28) bounded, C(54,10) plain, small C(24,6)
-    .venv/bin/python benchmarks/distributed.py --large 70:20 --out results/distributed
+    .venv/bin/python -m benchmarks.distributed                  # C(80,28) bounded, C(54,10) plain, small C(24,6)
+    .venv/bin/python -m benchmarks.distributed --large 70:20 --out /tmp/distributed
 
 What is timed:
 * ``local``: ``solve(..., "enumerate", threads=1)`` in this process (the reference result);
@@ -16,15 +16,12 @@ Numba kernels are compiled (or loaded from the cache) before any timing.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness as C
 from cbo.instances import random_block_qubo
 from cbo.solvers import solve
 from cbo.solvers.enumerate.ray import RayBackend, init_ray, release_workers, shutdown
@@ -56,7 +53,7 @@ def parse_large(text: str) -> tuple[int, int, bool]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = C.parser(__doc__, out="distributed", threads=False, seed=1)
     p.add_argument(
         "--large",
         type=parse_large,
@@ -64,18 +61,17 @@ def main(argv=None) -> int:
         help="large instance N:M (bound on) or N:M:nobound (plain enumeration); repeatable "
         "(default: 80:28 and 54:10:nobound, each ≥ 20 s on one worker of a busy 2-core machine)",
     )
-    p.add_argument("--seed", type=int, default=1, help="instance seed")
     p.add_argument("--k", type=int, default=10, help="top-K")
     p.add_argument("--small-n", type=int, default=24)
     p.add_argument("--small-m", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3, help="repeats of the small-instance timings (median)")
     p.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
-    p.add_argument("--out", type=Path, default=None, help="folder for distributed.json and distributed.md")
     args = p.parse_args(argv)
     args.large = args.large or [(80, 28, True), (54, 10, False)]
 
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average {load[0]:.1f}")
+    clock = C.Stopwatch()
+    machine = C.machine(torch_info=False)
+    print(C.machine_line(machine))
     t_init, _ = timed(lambda: init_ray(num_cpus=args.cpus, include_dashboard=False))
     print(f"ray.init (local instance, {args.cpus} CPUs): {t_init:.1f} s")
 
@@ -163,13 +159,15 @@ def main(argv=None) -> int:
         "small_local_s": t_small,
         "small_ray_warm_s": t_warm,
         "small_ray_cold_s": t_cold,
-        "cpus": os.cpu_count(),
-        "load_average": load,
+        "command": C.command_line(),
+        "machine": machine,
+        "wall_time_s": round(clock(), 1),
         "rows": rows,
     }
     md = [
-        f"Exact top-{args.k}, synthetic instances (seed {args.seed}); {os.cpu_count()} CPUs, load average "
-        f"{load[0]:.1f} at start.",
+        f"Exact top-{args.k}, synthetic instances (seed {args.seed}); {C.machine_line(machine)}.",
+        "",
+        f"Command: `{result['command']}`",
         "",
         "| instance | run | wall s | states scored |",
         "|---|---|---|---|",
@@ -185,10 +183,7 @@ def main(argv=None) -> int:
         )
     md.append(f"ray.init: {t_init:.1f} s.")
     print("\n".join(md))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "distributed.json").write_text(json.dumps(result, indent=1))
-        (args.out / "distributed.md").write_text("\n".join(md) + "\n")
+    C.write_outputs(C.out_dir(args), "distributed", result, "\n".join(md))
     shutdown()
     return 0
 

@@ -14,15 +14,12 @@ of the top-10 validated) and block influence (ShortGPT).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks import harness as C
 
 DEFAULT_SETS = {
     "cbo singles M=8": [4, 5, 13, 14, 15, 16, 17, 18],
@@ -41,13 +38,12 @@ def _sets(spec: str | None) -> dict[str, list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = C.parser(__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="model name or folder")
     p.add_argument("--tasks", default="austen_cloze,austen_choice", help="lm-eval tasks")
     p.add_argument("--remove", default=None, help="block sets to remove: '1,2,3;4,5,6' (default: BENCHMARKS.md's)")
     p.add_argument("--limit", type=int, default=None, help="items per task (default: all)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
 

@@ -10,9 +10,9 @@ Two measurements per instance (``cbo.instances.random_block_qubo(n, seed=0)``), 
 Then the stretch cases (40,20) and (80,16): exact top-10 with a time limit (default 60 s) by each strategy,
 and whether the result was proven.
 
-    python benchmarks/enumerate.py                 # full run (a few minutes on 2 cores)
-    python benchmarks/enumerate.py --quick         # small instances, seconds
-    python benchmarks/enumerate.py --no-plain      # skip the full enumerations
+    python -m benchmarks.enumerate                 # full run (a few minutes on 2 cores)
+    python -m benchmarks.enumerate --quick         # small instances, seconds
+    python -m benchmarks.enumerate --no-plain      # skip the full enumerations
 
 Kernels are loaded (or compiled) on a tiny instance first; the first-call time is printed separately
 and excluded from every figure. The load average at start is printed: other processes on the machine
@@ -21,19 +21,14 @@ slow wall times down. Writes ``enumerate.json`` to ``--out`` (default ``benchmar
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from cbo import solve  # noqa: E402
-from cbo.instances import random_block_qubo  # noqa: E402
+from benchmarks import harness as C
+from cbo import solve
+from cbo.instances import random_block_qubo
 
 CASES = [(32, 16), (40, 12), (80, 8)]
 STRETCH = [(40, 20), (80, 16)]
@@ -78,18 +73,18 @@ def _run(n: int, M: int, threads: int, time_limit: float | None, **options: Any)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small instances (a smoke run)")
+    ap = C.parser(__doc__, out="", quick="small instances (a smoke run)", threads=False)
     ap.add_argument("--no-plain", action="store_true", help="skip the full enumerations")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     ap.add_argument("--stretch-limit", type=float, default=60.0, help="time limit of the stretch cases (s)")
     ap.add_argument("--strategies", nargs="+", default=["lexicographic", "relaxation"], help="search strategies")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     args = ap.parse_args(argv)
 
+    clock = C.Stopwatch()
+    machine = C.machine(torch_info=False)
     cases = QUICK_CASES if args.quick else CASES
     stretch = QUICK_STRETCH if args.quick else STRETCH
-    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    print(C.machine_line(machine))
     print("cpu s: process CPU time (all threads); under load, states per cpu-s is the figure to trust")
     print(f"kernel load/compile (first calls, excluded): {_warm(max(args.threads)):.2f} s")
     rows: list[dict[str, Any]] = []
@@ -144,9 +139,15 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "enumerate.json"
-    path.write_text(json.dumps({"load_average_at_end": os.getloadavg(), "rows": rows}, indent=1))
+    result = {
+        "benchmark": "enumerate",
+        "command": C.command_line(),
+        "machine": machine,
+        "load_average_at_end": list(os.getloadavg()),
+        "wall_time_s": round(clock(), 1),
+        "rows": rows,
+    }
+    path = C.write_json(C.out_dir(args) / "enumerate.json", result)
     print(f"\nwrote {path}")
     return 0
 

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks import harness as C
 
 # calibration windows of the costly built-in estimators when the spec does not say (exact: N double-backward
 # passes per batch; pairwise: 1 + N + N(N-1)/2 forward passes per batch)
@@ -63,10 +60,7 @@ QUICK = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    C.add_common_args(p)
-    p.add_argument("--out", default=str(C.OUT / "estimators"), help="output folder")
-    p.add_argument("--quick", action="store_true", help="tiny settings for the test suite")
+    p = C.parser(__doc__, out="estimators", quick="tiny settings for the test suite", model=True)
     p.add_argument("--remove", help="comma-separated M values (default 4,8,15)")
     p.add_argument("--calibration", type=int, help="calibration windows (default 32; see DEFAULT_WINDOWS)")
     p.add_argument("--validation", type=int, help="validation windows loaded (default 32)")

@@ -33,8 +33,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "benchmarks" / "out" / "fidelity"
+from benchmarks import harness as C
 
 # name -> (estimator, options, whether the options take the target M as ``remove``)
 VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
@@ -230,10 +229,15 @@ def random_sets(n: int, m: int, count: int, seed: int) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = C.parser(
+        __doc__,
+        out="fidelity",
+        out_help="output folder (results, measurement cache, QUBO cache)",
+        quick="tiny settings (a few minutes)",
+        seed=0,
+        progress=True,
+    )
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--out", default=str(OUT), help="output folder (results, measurement cache, QUBO cache)")
-    p.add_argument("--quick", action="store_true", help="tiny settings (a few minutes)")
     p.add_argument("--remove", default="8,15", help="comma-separated M values")
     p.add_argument("--calibration", type=int, default=32, help="calibration windows")
     p.add_argument("--validation", type=int, default=32, help="validation windows")
@@ -245,12 +249,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, from {sorted(VARIANTS)}")
     p.add_argument("--baselines", default=",".join(BASELINES))
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--stage", default="all", help="prefetch (calibration singles + SLEB), baselines, variants, all, report"
     )
-    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
         args.calibration, args.validation, args.test = 2, 2, 2

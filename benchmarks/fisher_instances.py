@@ -12,19 +12,18 @@ to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This scri
 
 and prints the statistics of each (``cbo.instances.fisher_statistics``) beside the real instances'::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/fisher_instances.py
-    PYTHONPATH=. .venv/bin/python benchmarks/fisher_instances.py --out /tmp/inst --seed 1
+    .venv/bin/python -m benchmarks.fisher_instances
+    .venv/bin/python -m benchmarks.fisher_instances --out /tmp/inst --seed 1
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from benchmarks import harness as C
 from cbo.instances import fisher_block_qubo, fisher_statistics
 from cbo.qubo import BlockQUBO
 
-INSTANCES = Path(__file__).resolve().parent / "instances"
 REAL = ("smollm2-135m_sublayer_fisher-kl", "smollm2-135m_layer_fisher-kl")
 # (granularity, n, samples) of the saved instances
 SPECS = (
@@ -44,15 +43,13 @@ def instance_name(granularity: str, n: int, samples: int, seed: int = 0) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(INSTANCES), help="folder for the .cboq files")
-    p.add_argument("--seed", type=int, default=0)
+    p = C.parser(__doc__, threads=False, seed=0)
+    p.add_argument("--out", default=str(C.INSTANCES), help="folder for the .cboq files (default benchmarks/instances)")
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = C.out_dir(args)
     rows = []
     for name in REAL:
-        rows.append((name, fisher_statistics(BlockQUBO.load(INSTANCES / f"{name}.cboq").H)))
+        rows.append((name, fisher_statistics(BlockQUBO.load(C.INSTANCES / f"{name}.cboq").H)))
     written = []
     for granularity, n, samples in SPECS:
         q = fisher_block_qubo(n, args.seed, samples=samples, granularity=granularity)

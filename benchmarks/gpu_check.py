@@ -1,29 +1,29 @@
 """One self-contained check of the GPU enumerator on a CUDA machine (finishes in well under 4 minutes).
 
-    python3 benchmarks/gpu_check.py            # from the repository root
+    python3 -m benchmarks.gpu_check                 # from the repository root
+    python3 -m benchmarks.gpu_check --out "$OUT"    # also write gpu_check.json there
 
 (a) CuPy and the device; (b) enumerate-gpu against the CPU enumerator and a numpy brute force on
 random instances (PASS/FAIL per case); (c) throughput of full (80, 8) enumeration in states/s
 (target >= 5e10 on an H200) with a sweep over the launch size, and the exact top-10 wall time.
-Prints everything; also writes gpu_check.json to $OUT when that variable is set.
+Prints everything; also writes gpu_check.json to ``--out`` (default: $OUT when that variable is set).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import platform
-import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from benchmarks import harness as C
+
 T0 = time.perf_counter()
 BUDGET_S = 200.0  # stop optional steps past this, so the whole run stays under 4 minutes
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPORT: dict[str, Any] = {"cases": [], "throughput": [], "errors": []}
 
@@ -241,7 +241,12 @@ def _pick(info: dict[str, Any]) -> dict[str, Any]:
     return {k: info.get(k) for k in keys}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = C.parser(__doc__, threads=False)
+    p.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check.json (default: $OUT, if set)")
+    args = p.parse_args(argv)
+    REPORT["command"] = C.command_line()
+    REPORT["machine"] = C.machine(torch_info=False)
     code = 0
     try:
         if not environment():
@@ -257,10 +262,8 @@ def main() -> int:
         code = 3
     REPORT["elapsed_s"] = elapsed()
     section(f"done, exit code {code}")
-    out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, "gpu_check.json").write_text(json.dumps(REPORT, indent=1, default=str))
+    if args.out:
+        C.write_json(Path(args.out) / "gpu_check.json", REPORT)
     return code
 
 

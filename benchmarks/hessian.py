@@ -13,20 +13,20 @@ on 1 window (against a fwd+bwd on that window); ``pairwise`` (1 + N + N(N-1)/2 f
 with a subset of the blocks gated and its full cost predicted from the pass count, which is exact up to
 timing noise (every pass is the same forward). These three are timed by their first run alone.
 
-    .venv/bin/python benchmarks/hessian.py                    # default model, 8 x 128 tokens
-    .venv/bin/python benchmarks/hessian.py --json bench.json --only fwd+bwd,fisher
-    .venv/bin/python benchmarks/hessian.py --quick            # 2 x 32 tokens, one repeat (the test suite's run)
+    .venv/bin/python -m benchmarks.hessian                    # default model, 8 x 128 tokens
+    .venv/bin/python -m benchmarks.hessian --out /tmp/hessian --only fwd+bwd,fisher
+    .venv/bin/python -m benchmarks.hessian --quick            # 2 x 32 tokens, one repeat (the test suite's run)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import time
+
+from benchmarks import harness as C
 
 CASES = {
     # name: (description, windows used, estimator or None, options)
@@ -154,51 +154,56 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> dict:
+    ap = C.parser(__doc__, out="hessian", quick="tiny settings (the test suite's run, about a minute)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n", type=int, default=None, help="windows (default 8; quick 2)")
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per window (default 128; quick 32)")
     ap.add_argument("--batch-size", type=int, default=None, help="windows per pass (default 8; quick 2)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats of cheap cases (default 2; quick 1)")
-    ap.add_argument("--quick", action="store_true", help="tiny settings (the test suite's run, about a minute)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--only", default="", help="comma-separated case names")
-    ap.add_argument("--json", default="", help="write the results here")
     ap.add_argument("--case", default="", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     for key, full, quick in (("n", 8, 2), ("seq_len", 128, 32), ("batch_size", 8, 2), ("repeats", 2, 1)):
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
     if args.case:
-        print("RESULT " + json.dumps(run_case(args.case, args)))
-        return
+        C.print_result(run_case(args.case, args))
+        return {}
 
+    clock = C.Stopwatch()
+    machine = C.machine(torch_info=False)
     names = [c for c in CASES if not args.only or c in args.only.split(",")]
+    forwarded = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(args).items()
+        if k not in ("case", "only", "out", "quick") and v is not None
+    ]
     results = {}
     for name in names:
-        cmd = [sys.executable, __file__, "--case", name] + [
-            f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("case", "only", "json", "quick")
-        ]
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"case {name} failed")
-        results[name] = json.loads(lines[-1][len("RESULT ") :])
-    report(results, args)
+        results[name] = C.run_in_process("hessian", "--case", name, *forwarded)
+    result = {
+        "benchmark": "hessian",
+        "command": C.command_line(),
+        "machine": machine,
+        "settings": vars(args),
+        "load_average_at_end": list(os.getloadavg()),
+        "wall_time_s": round(clock(), 1),
+        "results": results,
+    }
+    text = markdown(result)
+    print(text)
+    C.write_outputs(C.out_dir(args), "hessian", result, text)
+    return result
 
 
-def report(results: dict, args: argparse.Namespace) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"Hessian estimators on {args.model}, {args.n}x{args.seq_len} tokens, {args.device}")
-    cols = ("case", "what", "time s", "fwd+bwd s", "÷ fwd+bwd", "predicted full ÷ fwd+bwd", "peak MB", "passes f/b")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("case", "what") else "right")
+def markdown(result: dict) -> str:
+    """The cost table (and the pairwise prediction) of a run."""
+    s, results = result["settings"], result["results"]
+    header = ["case", "what", "time s", "fwd+bwd s", "÷ fwd+bwd", "predicted full ÷ fwd+bwd", "peak MB", "passes f/b"]
+    rows = []
     for name, r in results.items():
         ref = r["reference_s"]
         predicted = ""
@@ -212,23 +217,23 @@ def report(results: dict, args: argparse.Namespace) -> None:
             passes = f"≈{r['forward_equivalents']:.1f}/{r['backward_passes']}"
         elif "forward_passes" in r:
             passes = f"{r['forward_passes']}/{r['backward_passes']}"
-        table.add_row(
-            name,
-            CASES[name][0],
-            f"{r['time_s']:.2f}",
-            f"{ref:.2f}",
-            f"{r['ratio']:.2f}",
-            predicted,
-            f"{r['peak_mb']:.0f}",
-            passes,
+        rows.append(
+            [name, CASES[name][0], f"{r['time_s']:.2f}", f"{ref:.2f}", f"{r['ratio']:.2f}", predicted]
+            + [f"{r['peak_mb']:.0f}", passes]
         )
-    Console(width=170).print(table)
-    load = os.getloadavg()
-    threads = args.threads or os.environ.get("OMP_NUM_THREADS", "default")
-    print(f"torch threads: {threads}; load average at the end: {load[0]:.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "load_average": load, "results": results}, f, indent=1)
+    threads = s.get("threads") or os.environ.get("OMP_NUM_THREADS", "default")
+    return "\n".join(
+        [
+            f"# Hessian estimators on {s['model']}, {s['n']}x{s['seq_len']} tokens, {s['device']}",
+            "",
+            f"Command: `{result['command']}`  ",
+            f"Machine: {C.machine_line(result['machine'])}; torch threads: {threads}; load average at the end: "
+            f"{result['load_average_at_end'][0]:.1f}  ",
+            C.timing_line(result),
+            "",
+            C.md_table(header, rows),
+        ]
+    )
 
 
 if __name__ == "__main__":

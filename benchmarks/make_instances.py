@@ -9,9 +9,9 @@ Each instance is a :class:`cbo.BlockQUBO` file (``BlockQUBO.load``) estimated on
 * ``smollm2-135m_sublayer_fisher-kl.cboq``: 60 attention / MLP halves, Fisher of the KL (kinds ``attention`` /
   ``mlp`` and parameter sizes included, for caps and budgets).
 
-    .venv/bin/python benchmarks/make_instances.py
-    .venv/bin/python benchmarks/make_instances.py --specs fisher,pairwise:windows=8 --sublayer-specs fisher
-    .venv/bin/python benchmarks/make_instances.py --specs fisher --from-fidelity benchmarks/out/fidelity/results.json
+    .venv/bin/python -m benchmarks.make_instances
+    .venv/bin/python -m benchmarks.make_instances --specs fisher,pairwise:windows=8 --sublayer-specs fisher
+    .venv/bin/python -m benchmarks.make_instances --specs fisher --from-fidelity benchmarks/out/fidelity/results.json
 
 ``--from-fidelity`` also saves the QUBO of every estimator variant that ``benchmarks/fidelity.py`` built
 (``..._layer_<variant>-kl-w<windows>.cboq``; variants fitted for one M, ``fit`` and ``trust``, get
@@ -21,21 +21,14 @@ calibration windows that script used (8 x 128 tokens).
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
-
-INSTANCES = Path(__file__).resolve().parent / "instances"
+from benchmarks import harness as C
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    C.add_common_args(p)
-    p.add_argument("--out", default=str(INSTANCES), help="folder for the .cboq files")
+    p = C.parser(__doc__, model=True)
+    p.add_argument("--out", default=str(C.INSTANCES), help="folder for the .cboq files (default benchmarks/instances)")
     p.add_argument("--calibration", type=int, default=32, help="calibration windows (default 32)")
     p.add_argument("--specs", default="fisher,pairwise:windows=8", help="layer estimator specs")
     p.add_argument("--sublayer-specs", default="fisher", help="sublayer estimator specs")
@@ -44,8 +37,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     if args.seq_len is None:
         args.seq_len = 128
     C.setup_torch(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = C.out_dir(args)
     model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=0, n_test=0)
     name = Path(str(args.model)).name
     specs = [C.EstimatorSpec.parse(t) for t in C.split_list(args.specs)]

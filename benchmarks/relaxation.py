@@ -16,17 +16,13 @@ users call it) and records their energies against the proven ones. Every run is 
 The Markdown table goes to stdout and ``--out/table.md``; ``--plot`` draws the scaling grid's proof times (needs
 matplotlib). One thread; report CPU seconds beside wall time::
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/relaxation.py --grid real,n80
-    PYTHONPATH=. NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/relaxation.py --grid real,n80 --compare auto,cpsat
-    PYTHONPATH=. NUMBA_NUM_THREADS=1 .venv/bin/python benchmarks/relaxation.py --grid scaling --time-limit 120 --plot
+    OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python -m benchmarks.relaxation --grid real,n80
+    NUMBA_NUM_THREADS=1 .venv/bin/python -m benchmarks.relaxation --grid real,n80 --compare auto,cpsat
+    NUMBA_NUM_THREADS=1 .venv/bin/python -m benchmarks.relaxation --grid scaling --time-limit 120 --plot
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -34,12 +30,11 @@ from typing import Any, Iterator
 import numpy as np
 
 import cbo
+from benchmarks import harness as C
 from cbo.instances import fisher_block_qubo
 from cbo.qubo import BlockQUBO
 
-HERE = Path(__file__).resolve().parent
-INSTANCES = HERE / "instances"
-OUT = HERE / "out" / "relaxation"
+INSTANCES = C.INSTANCES
 REAL = "smollm2-135m_sublayer_fisher-kl"
 
 
@@ -94,34 +89,27 @@ def run_solver(q: BlockQUBO, m: int, k: int, solver: str, limit: float | None, *
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = C.parser(__doc__, out="relaxation", threads=False)
     p.add_argument("--grid", default="real,n80", help="real, n80, scaling (comma-separated)")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--time-limit", type=float, default=600.0, help="seconds per proof attempt")
     p.add_argument("--compare", default="", help="solvers to run beside it through cbo.solve, e.g. auto,cpsat")
     p.add_argument("--compare-limit", type=float, default=60.0, help="time limit of the compared solvers (not auto)")
-    p.add_argument("--out", default=str(OUT))
     p.add_argument("--plot", action="store_true", help="plot the scaling grid's proof times")
     args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "results.jsonl"
-    done = {}
-    if log.exists():
-        for line in log.read_text().splitlines():
-            rec = json.loads(line)
-            done[(rec["instance"], rec["M"], rec["solver"], rec["k"])] = rec
+    out = C.out_dir(args)
+    log = C.RecordLog(out / "results.jsonl", ("instance", "M", "solver", "k"))
     grids = [g.strip() for g in args.grid.split(",") if g.strip()]
     solvers = ["relaxation"] + [s.strip() for s in args.compare.split(",") if s.strip()]
-    machine = {"cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()), "python": platform.python_version()}
+    machine = C.machine(torch_info=False)
     records = []
     # compile (or load from numba's cache) the kernels before timing anything
     run_relaxation(fisher_block_qubo(16, 0), 5, 2, 60.0)
     for name, q, m in instances(grids):
         for solver in solvers:
-            key = (name, m, solver, args.k)
-            if key in done:
-                records.append(done[key])
+            done = log.get(instance=name, M=m, solver=solver, k=args.k)
+            if done is not None:
+                records.append(done)
                 continue
             if solver == "relaxation":
                 rec = run_relaxation(q, m, args.k, args.time_limit)
@@ -129,9 +117,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 rec = run_solver(q, m, args.k, solver, None if solver == "auto" else args.compare_limit)
                 rec.pop("info")
             rec.update({"instance": name, "n": q.n, "M": m, "solver": solver, "k": args.k, "machine": machine})
-            with log.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-            records.append(rec)
+            records.append(log.add(rec))
             print(
                 f"{name} M={m} {solver}: exact={rec['exact']} {rec['seconds']:.1f} s (CPU {rec['cpu_seconds']:.1f} s) "
                 f"E0={rec['energies'][0]:.6g}",

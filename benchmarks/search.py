@@ -27,14 +27,11 @@ import argparse
 import hashlib
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks import harness as C
 
 METHODS = ("refine", "evopress", "sleb", "blockpruner", "singles", "random")
 BASELINES = ("evopress", "sleb", "blockpruner", "singles", "random")
@@ -77,10 +74,13 @@ QUICK = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    C.add_common_args(p)
-    p.add_argument("--out", default=str(C.OUT / "search"), help="output folder (checkpoints, caches, results)")
-    p.add_argument("--quick", action="store_true", help="tiny settings for the test suite")
+    p = C.parser(
+        __doc__,
+        out="search",
+        out_help="output folder (checkpoints, caches, results)",
+        quick="tiny settings for the test suite",
+        model=True,
+    )
     p.add_argument("--points", help=f"grid points GRAN-M-sSEED, comma-separated (default {DEFAULTS['points']})")
     p.add_argument("--methods", help=f"methods to run (default {DEFAULTS['methods']})")
     p.add_argument("--calibration", type=int, help="calibration pool windows (default 32)")

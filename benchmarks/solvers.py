@@ -18,10 +18,10 @@ relative), and top-10 recall (its states with energy at or below the reference's
 users call it (its own 10 s budget); the table checks that the time-limited ``enumerate`` is never worse than
 ``auto``, state by state.
 
-    python benchmarks/solvers.py                               # every group (an hour or more on 2 cores)
-    python benchmarks/solvers.py --instances real,fisher       # the model's and the Fisher-shaped instances
-    python benchmarks/solvers.py --quick                       # a fast smoke run (small synthetic instances)
-    python benchmarks/solvers.py my.qubo:8 other.qubo          # QUBO files (":M" or ":M1,M2", default M = N // 4)
+    python -m benchmarks.solvers                               # every group (an hour or more on 2 cores)
+    python -m benchmarks.solvers --instances real,fisher       # the model's and the Fisher-shaped instances
+    python -m benchmarks.solvers --quick                       # a fast smoke run (small synthetic instances)
+    python -m benchmarks.solvers my.qubo:8 other.qubo          # QUBO files (":M" or ":M1,M2", default M = N // 4)
 
 Every run is one JSON line in ``--out/solvers.jsonl`` (default ``benchmarks/out``), written as it finishes: a
 rerun skips what is recorded, so an interrupted benchmark loses nothing. Writes ``solvers.md`` (the per-instance
@@ -31,27 +31,20 @@ wall times exclude JIT compilation. Use one thread (``NUMBA_NUM_THREADS=1``) for
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import harness as C
+from cbo import BlockQUBO, solve
+from cbo.errors import CBOError
+from cbo.instances import fisher_block_qubo, random_block_qubo
+from cbo.solvers import available
+from cbo.sweep import solver_row
 
-from cbo import BlockQUBO, solve  # noqa: E402
-from cbo.errors import CBOError  # noqa: E402
-from cbo.instances import fisher_block_qubo, random_block_qubo  # noqa: E402
-from cbo.solvers import available  # noqa: E402
-from cbo.sweep import solver_row  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-INSTANCES = HERE / "instances"
 GROUPS = ("synthetic", "real", "fisher")
 SYNTHETIC = [(12, 4), (32, 8), (32, 16), (40, 12), (80, 8), (80, 32)]
 QUICK = [(10, 3), (14, 5), (18, 6)]
@@ -90,14 +83,14 @@ def instances(groups: list[str], quick: bool, seed: int, files: list[str]) -> li
         for n, m in SYNTHETIC:
             add(f"random_block_qubo({n}, {seed})", "synthetic", random_block_qubo(n, seed), [m])
     if not quick and "real" in groups:
-        for path in sorted(INSTANCES.glob("smollm2-135m_*.cboq")):
+        for path in sorted(C.INSTANCES.glob("smollm2-135m_*.cboq")):
             granularity = "sublayer" if "_sublayer_" in path.name else "layer"
             add(path.stem, f"real {granularity}", BlockQUBO.load(path), REAL_M[granularity])
     if not quick and "fisher" in groups:
         for granularity, n, ms in FISHER:
             for samples in FISHER_SAMPLES:
                 stem = f"synthetic-fisher_{granularity}_n{n}_s{samples}"
-                path = INSTANCES / f"{stem}.cboq"
+                path = C.INSTANCES / f"{stem}.cboq"
                 q = BlockQUBO.load(path) if path.exists() else fisher_block_qubo(n, 0, samples=samples,
                                                                                   granularity=granularity)  # fmt: skip
                 add(stem, f"Fisher-shaped N={n}", q, ms)
@@ -147,33 +140,6 @@ def run_one(q: BlockQUBO, M: int, name: str, options: dict[str, Any], time_limit
     }
 
 
-class Records:
-    """The JSONL file of finished runs, keyed by (instance, M, label, time limit): a rerun skips them."""
-
-    def __init__(self, path: Path, fresh: bool) -> None:
-        self.path = path
-        self.done: dict[tuple, dict[str, Any]] = {}
-        if path.exists() and not fresh:
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    self.done[(rec["instance"], rec["M"], rec["label"], rec.get("limit"))] = rec
-        elif fresh and path.exists():
-            path.unlink()
-
-    def get(self, inst: dict[str, Any], label: str, limit: float | None) -> dict[str, Any] | None:
-        return self.done.get((inst["name"], inst["M"], label, limit))
-
-    def add(self, inst: dict[str, Any], label: str, limit: float | None, rec: dict[str, Any]) -> dict[str, Any]:
-        rec = {"instance": inst["name"], "M": inst["M"], "label": label, "limit": limit, **rec}
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.done[(inst["name"], inst["M"], label, limit)] = rec
-        return rec
-
-
 def reference(rows: list[dict[str, Any]], proof: dict[str, Any]) -> dict[str, Any]:
     """The proven top-10 when the reference search finished, else the best known over every run."""
     if proof.get("status") == "ok" and proof["exact"]:
@@ -214,10 +180,12 @@ def markdown(table: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Solver benchmark",
         "",
-        f"{meta['date']}, {meta['machine']}, {meta['cpus']} CPUs, NUMBA_NUM_THREADS={meta['numba_threads']}; "
+        f"{meta['date']}, {C.machine_line(meta['machine'])}, NUMBA_NUM_THREADS={meta['numba_threads']}; "
         f"k = {K}; time limit {meta['time_limit']} s per run (auto: its own budget); reference: the exact "
-        f"enumerator, up to {meta['reference_limit']} s; load average at start {meta.get('load_average')}; whole "
-        f"run {meta.get('wall_time_s', 0):.0f} s. Wall times exclude numba compilation.",
+        f"enumerator, up to {meta['reference_limit']} s; whole run {meta.get('wall_time_s', 0):.0f} s. "
+        "Wall times exclude numba compilation.",
+        "",
+        f"Command: `{meta['command']}`",
         "",
         "## By group (mean top-10 recall, minimum in brackets; worst relative gap; median wall time)",
         "",
@@ -283,19 +251,18 @@ def summary(table: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = C.parser(
+        __doc__, out="", quick="small synthetic instances and short settings (smoke test)", threads=False, seed=0
+    )
     ap.add_argument("files", nargs="*", help="QUBO files (BlockQUBO.save), optionally with ':M' or ':M1,M2'")
     ap.add_argument("--instances", default=",".join(GROUPS), help=f"groups: {', '.join(GROUPS)} (or none)")
-    ap.add_argument("--quick", action="store_true", help="small synthetic instances and short settings (smoke test)")
-    ap.add_argument("--out", default=str(HERE / "out"), help="output folder")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per solver run (default 30; quick 5)")
     ap.add_argument("--reference-limit", type=float, default=600.0, help="seconds for each exact reference")
-    ap.add_argument("--seed", type=int, default=0, help="synthetic instance seed (solvers use seed 0)")
     ap.add_argument("--solvers", default=None, help="comma-separated subset of solvers (and variant labels)")
     ap.add_argument("--fresh", action="store_true", help="forget the recorded runs and start again")
     args = ap.parse_args(argv)
-    started = time.perf_counter()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    clock = C.Stopwatch()
+    machine = C.machine(torch_info=False)
     time_limit = args.time_limit or (5.0 if args.quick else 30.0)
     groups = [g for g in args.instances.split(",") if g in GROUPS]
     avail = available()
@@ -304,21 +271,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.solvers:
         wanted = set(args.solvers.split(","))
         entries = [e for e in entries if e[0] in wanted or e[1] in wanted]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    records = Records(out / "solvers.jsonl", args.fresh)
+    out = C.out_dir(args)
+    records = C.RecordLog(out / "solvers.jsonl", ("instance", "M", "label", "limit"), fresh=args.fresh)
     warm_up()
     table = []
     for inst in instances(groups, args.quick, args.seed, args.files):
         q, M = inst["qubo"], inst["M"]
-        proof = records.get(inst, "reference", args.reference_limit)
+        key = {"instance": inst["name"], "M": M}
+        proof = records.get(**key, label="reference", limit=args.reference_limit)
         if proof is None:
             rec = run_one(q, M, "enumerate", {}, args.reference_limit)
-            proof = records.add(inst, "reference", args.reference_limit, rec)
+            proof = records.add({**key, "label": "reference", "limit": args.reference_limit, **rec})
         rows = []
         for label, name, extra in entries:
             limit = None if name == "auto" else time_limit
-            rec = records.get(inst, label, limit)
+            rec = records.get(**key, label=label, limit=limit)
             if rec is None:
                 opts = {**(QUICK_OPTIONS.get(name, {}) if args.quick else {}), **extra}
                 if not avail[name].ok:
@@ -327,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                     rec = {"status": f"skipped: QAOA is simulated only for n <= {QAOA_MAX_N}"}
                 else:
                     rec = run_one(q, M, name, opts, limit)
-                rec = records.add(inst, label, limit, {"solver": name, **rec})
+                rec = records.add({**key, "label": label, "limit": limit, "solver": name, **rec})
             rows.append(rec)
             print(f"{inst['name']:<42} M={M:<3} {label:<12} {rec['status']:<8} {rec.get('wall_s', math.nan):8.3f} s",
                   flush=True)  # fmt: skip
@@ -348,11 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
+        "command": C.command_line(),
+        "machine": machine,
         "numba_threads": os.environ.get("NUMBA_NUM_THREADS", "default"),
-        "load_average": [round(x, 2) for x in load] if load else None,
-        "wall_time_s": round(time.perf_counter() - started, 1),
+        "wall_time_s": round(clock(), 1),
         "time_limit": time_limit,
         "reference_limit": args.reference_limit,
         "seed": args.seed,
@@ -360,8 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "k": K,
     }
     report = markdown(table, meta)
-    (out / "solvers.md").write_text(report)
-    (out / "solvers.json").write_text(json.dumps({"meta": meta, "instances": table}, indent=1))
+    C.write_outputs(out, "solvers", {"meta": meta, "instances": table}, report)
     print(report)
     return 0
 

@@ -15,34 +15,32 @@ Reported: median prefill and decode throughput over ``--repeats`` runs after a w
 (:func:`cbo.evaluate.throughput`, greedy decoding with the KV cache), the measured speed-up over the original,
 and for depth the ideal ``N / (N − M)`` (the layers' share only; embeddings and the LM head do not shrink).
 
-    .venv/bin/python benchmarks/speed.py                    # CPU, or the GPU when present
-    .venv/bin/python benchmarks/speed.py --quick            # seconds; the test suite's run
-    .venv/bin/python benchmarks/speed.py --device cuda --batch-sizes 1,16
+    .venv/bin/python -m benchmarks.speed                    # CPU, or the GPU when present
+    .venv/bin/python -m benchmarks.speed --quick            # seconds; the test suite's run
+    .venv/bin/python -m benchmarks.speed --device cuda --batch-sizes 1,16
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common as C  # noqa: E402
+from benchmarks import harness as C
 
 VARIANTS = ("original", "depth", "width", "combined")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    C.add_common_args(p)
-    p.add_argument("--out", default=str(C.OUT / "speed"), help="output folder (pruned models go to OUT/models)")
-    p.add_argument("--quick", action="store_true", help="short prompts and runs (the test suite's run)")
+    p = C.parser(
+        __doc__,
+        out="speed",
+        out_help="output folder (pruned models go to OUT/models)",
+        quick="short prompts and runs (the test suite's run)",
+        model=True,
+    )
     p.add_argument("--remove", type=int, default=8, help="layers removed for depth (default 8)")
     p.add_argument("--width-ratio", type=float, default=0.25, help="fraction of parameters width pruning removes")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128; quick 16)")
@@ -152,12 +150,11 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.measure:
-        print("RESULT " + json.dumps(measure_one(args)), flush=True)
+        C.print_result(measure_one(args))
         return {}
     clock = C.Stopwatch()
     C.setup_torch(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = C.out_dir(args)
     print("building the pruned variants", flush=True)
     variants = build_variants(args, out / "models")
     result: dict[str, Any] = {
@@ -169,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         "variants": {},
     }
     for name, info in variants.items():
-        cmd = [sys.executable, __file__, "--measure", info["path"], "--batch-sizes", args.batch_sizes]
+        cmd = ["--measure", info["path"], "--batch-sizes", args.batch_sizes]
         cmd += [
             "--prompt-len",
             str(args.prompt_len),
@@ -183,18 +180,13 @@ def main(argv: list[str] | None = None) -> dict:
         if args.device:
             cmd += ["--device", args.device]
         print(f"measuring {name}", flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            raise SystemExit(f"measuring {name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-        result["variants"][name] = {**info, **json.loads(lines[-1][len("RESULT ") :])}
+        result["variants"][name] = {**info, **C.run_in_process("speed", *cmd)}
         C.write_json(out / "speed.json", result)
     n = variants.get("original", {}).get("n_layers")
     result["ideal_depth_speedup"] = n / (n - args.remove) if n else None
     result["wall_time_s"] = round(clock(), 1)
-    C.write_json(out / "speed.json", result)
-    (out / "speed.md").write_text(markdown(result))
-    print((out / "speed.md").read_text())
+    _, md = C.write_outputs(out, "speed", result, markdown(result))
+    print(md.read_text())
     return result
 
 

@@ -21,7 +21,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import harness as C
 from cbo.blocks import find_blocks
 from cbo.data import make_splits
 from cbo.evaluate import count_parameters, evaluate, reference_logits, throughput
@@ -52,9 +52,8 @@ AFR_VARIANTS = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = C.parser(__doc__, quick="ratio 0.1, tiny splits, fewer methods (< 2 min)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quick", action="store_true", help="ratio 0.1, tiny splits, fewer methods (< 2 min)")
     p.add_argument("--ratios", type=float, nargs="+", default=None)
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--n-calibration", type=int, default=None)
@@ -69,7 +68,6 @@ def parse_args(argv=None):
     )
     p.add_argument("--mop-cbo", action="store_true", help="also run MoP with CBO depth candidates (slower)")
     p.add_argument("--json", type=Path, default=None, help="write the rows here")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
         "--speed-rounds",
         type=int,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from cbo.errors import InvalidQUBOError
@@ -55,22 +57,15 @@ def random_block_qubo(
         H[0, 0] += big
         H[-1, -1] += big
     names = [f"layers.{i}" for i in range(n)]
-    return BlockQUBO(
-        H,
-        np.zeros(n),
-        names=names,
-        kinds=kinds,
-        metadata={
-            "source": "synthetic",
-            "generator": "cbo.instances.random_block_qubo",
-            "n": int(n),
-            "seed": int(seed),
-            "rank": r,
-            "coupling": coupling,
-            "noise": noise,
-            "heavy_ends": heavy_ends,
-        },
-    )
+    params = {"rank": r, "coupling": coupling, "noise": noise, "heavy_ends": heavy_ends}
+    return _synthetic(H, names, kinds, "random_block_qubo", seed, params)
+
+
+def _synthetic(H: np.ndarray, names: list[str], kinds: Any, generator: str, seed: int, params: dict) -> BlockQUBO:
+    """A synthetic instance (``g = 0``) whose metadata names its generator and every parameter it was drawn with."""
+    n = H.shape[0]
+    meta = {"source": "synthetic", "generator": f"cbo.instances.{generator}", "n": int(n), "seed": int(seed)}
+    return BlockQUBO(H, np.zeros(n), names=names, kinds=kinds, metadata={**meta, **params})
 
 
 # Relative removal costs (variance of a block's gate gradient over the median block) at the two ends of the
@@ -187,27 +182,10 @@ def fisher_block_qubo(
     A = w * Z * np.sqrt(var)
     H = A.T @ A / samples
     H *= mean_diagonal / float(np.mean(np.diag(H)))
-    return BlockQUBO(
-        H,
-        np.zeros(n),
-        names=names,
-        kinds=kinds,
-        metadata={
-            "source": "synthetic",
-            "generator": "cbo.instances.fisher_block_qubo",
-            "n": n,
-            "seed": int(seed),
-            "samples": int(samples),
-            "granularity": granularity,
-            "spread": spread,
-            "attention_ratio": attention_ratio,
-            "coupling": coupling,
-            "sequence_spread": sequence_spread,
-            "compensation": compensation,
-            "tail_correlation": tail_correlation,
-            "mean_diagonal": mean_diagonal,
-        },
-    )
+    params = {"samples": int(samples), "granularity": granularity, "spread": spread}
+    params |= {"attention_ratio": attention_ratio, "coupling": coupling, "sequence_spread": sequence_spread}
+    params |= {"compensation": compensation, "tail_correlation": tail_correlation, "mean_diagonal": mean_diagonal}
+    return _synthetic(H, names, kinds, "fisher_block_qubo", seed, params)
 
 
 def fisher_statistics(H: np.ndarray) -> dict[str, float]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from cbo.errors import CorruptFileError, SolverError
+from cbo.jsonable import jsonable
 
 if TYPE_CHECKING:
     from cbo.qubo import BlockQUBO
@@ -170,7 +171,7 @@ class RankedStates:
             (self.states.astype(np.int8), list(self.names)),
             vartype=dimod.BINARY,
             energy=self.energies,
-            info={"solver": self.solver, "exact": self.exact, **_jsonable(self.info)},
+            info={"solver": self.solver, "exact": self.exact, **jsonable(self.info)},
         )
         return ss
 
@@ -212,8 +213,8 @@ class RankedStates:
             "solver": self.solver,
             "exact": self.exact,
             "wall_time": self.wall_time,
-            "options": _jsonable(self.options),
-            "info": _jsonable(self.info),
+            "options": jsonable(self.options),
+            "info": jsonable(self.info),
             "removed": [list(s.removed) for s in self],
             "energies": [float(e) for e in self.energies],
         }
@@ -250,20 +251,3 @@ class RankedStates:
         except (OSError, json.JSONDecodeError) as exc:
             raise CorruptFileError(f"cannot read ranked states from {str(path)!r}: {exc}") from exc
         return cls.from_json(data)
-
-
-def _jsonable(obj: Any) -> Any:
-    """Best-effort conversion of solver info/options to JSON types."""
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return repr(obj)

@@ -1,4 +1,5 @@
-"""Running the scripts under benchmarks/ from the tests: as a subprocess (what a user runs), or imported."""
+"""Running the benchmark scripts from the tests: as a subprocess (``python -m benchmarks.NAME``, what a user runs
+from the repository root), or imported (``benchmarks.NAME``, its helpers are tested directly)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
 
 
-def run_script(script: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    """Run ``benchmarks/<script>`` with ``args`` from the repository root; fail the test with its output tail."""
+def run_script(name: str, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """Run ``python -m benchmarks.<name> args`` from the repository root; fail the test with its output tail."""
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args],
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -26,9 +26,5 @@ def run_script(script: str, *args: str, timeout: int = 1800) -> subprocess.Compl
 
 
 def bench_module(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` (its helpers are tested directly)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
+    """The module ``benchmarks.<name>`` (the repository root is on the tests' path, see pyproject.toml)."""
+    return importlib.import_module(f"benchmarks.{name}")

@@ -194,7 +194,7 @@ def test_bad_requests_are_refused(tiny_model, tiny_windows):
         prune_depth(model, None, splits=splits, remove=1, estimator_options={"lables": 1}, **SOLVE)
     with pytest.raises(UnknownNameError, match="unknown solver 'magic'"):
         prune_depth(model, None, splits=splits, remove=1, **{**SOLVE, "solver": "magic"})
-    with pytest.raises(CBOError, match="tokenizer is needed"):
+    with pytest.raises(CBOError, match="prune_depth needs a tokenizer"):
         prune_depth(model, None, remove=1, **SOLVE)
 
 

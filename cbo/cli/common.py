@@ -8,6 +8,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cbo.errors import CBOError
 
@@ -20,7 +21,7 @@ TEXT_HELP = "Text: a file, a folder of .txt files, or a .jsonl; default: the six
 
 def fail(exc: Exception) -> NoReturn:
     """Print ``exc`` as the command's error and exit with status 2."""
-    err_console.print(f"[bold red]error:[/] {exc}")
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages name extras like cbo[gpu]
     raise typer.Exit(2)
 
 

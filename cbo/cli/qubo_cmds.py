@@ -9,36 +9,17 @@ from typing import Optional
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
+from cbo.cli.common import console, err_console, fail, parse_blocks, parse_options
 from cbo.errors import CBOError
 from cbo.qubo import BlockQUBO
 from cbo.states import RankedStates
 
-console = Console()
-err_console = Console(stderr=True)
 qubo_app = typer.Typer(help="Inspect and create QUBO files.", no_args_is_help=True)
 app.add_typer(qubo_app, name="qubo")
-
-
-def parse_blocks(spec: Optional[str]) -> list[int | str]:
-    """'0,29' or 'layers.0,layers.29' -> [0, 29] / names; empty -> []."""
-    if not spec:
-        return []
-    out: list[int | str] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if part:
-            out.append(int(part) if part.lstrip("-").isdigit() else part)
-    return out
-
-
-def fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages name extras like cbo[gpu]
-    raise typer.Exit(2)
 
 
 def states_table(states: RankedStates, extra: Optional[dict[str, list]] = None, title: str = "") -> Table:
@@ -111,15 +92,7 @@ def solve(
         if plot is not None:
             check_writable(plot)
         qubo = BlockQUBO.load(file)
-        opts = {}
-        for item in option:
-            if "=" not in item:
-                raise CBOError(f"--option takes KEY=VALUE, got {item!r}.")
-            k, v = item.split("=", 1)
-            try:
-                opts[k] = json.loads(v)
-            except json.JSONDecodeError:
-                opts[k] = v
+        opts = parse_options(option, "--option")
         c = qubo.constraints
         states = run_solve(
             qubo,

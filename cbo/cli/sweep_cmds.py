@@ -7,15 +7,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
+from cbo.cli.common import console, err_console, fail
 from cbo.errors import CBOError
-
-console = Console()
-err_console = Console(stderr=True)
 
 
 def _ints(values: list[str], what: str) -> list[int]:
@@ -99,8 +96,7 @@ def sweep(
         rows = results_table(records)
         path = write_table(rows, table or out.with_suffix(".csv"))
     except CBOError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        fail(exc)
     except KeyboardInterrupt:
         from cbo.sweep import read_records
 

@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from cbo.cli import app
+from cbo.cli.common import console, fail, parse_options
 from cbo.errors import CBOError
-
-console = Console()
-err_console = Console(stderr=True)
-
-
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(2)
-
-
-def _parse_options(pairs: list[str]) -> dict:
-    """``["p=0.3", "clip=false", "clip_percentiles=[5,95]"]`` -> typed dict (JSON values, else strings)."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise CBOError(f"score option {pair!r} must look like name=value")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
 
 
 @app.command()
@@ -83,10 +60,10 @@ def compress(
     del options["json_out"]
     options["measure_speed"] = options.pop("speed")
     try:
-        options["score_options"] = _parse_options(options.pop("option"))
+        options["score_options"] = parse_options(options.pop("option"), "score option")
         report = run(tokenizer=None, progress=True, **options)
     except CBOError as exc:
-        _fail(exc)
+        fail(exc)
     report.print(console)
     if out is not None:
         console.print(f"saved to {out} (load with cbo.load_pruned)")
@@ -104,7 +81,7 @@ def widths(folder: Path = typer.Argument(..., help="A saved (pruned) model folde
         model = load_pruned(folder)
         rows = layer_widths(model)
     except CBOError as exc:
-        _fail(exc)
+        fail(exc)
     removed = getattr(model.config, "cbo_removed_layers", None) or []
     original = getattr(model.config, "cbo_original_layers", None) or list(range(len(rows)))
     table = Table(title=f"{folder} ({len(rows)} layers; removed: {removed or 'none'})")

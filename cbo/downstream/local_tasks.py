@@ -257,40 +257,35 @@ def task_configs(folder: Path, source: str) -> dict[str, dict]:
         }
 
     meta = {"version": float(GENERATOR_VERSION), "source": source}
+
+    def task(name: str, output_type: str, **fields: object) -> dict:
+        head = {"task": name, "tag": [LOCAL_TAG], **data(name), "output_type": output_type}
+        return {**head, "doc_to_text": "{{context}}", **fields, "metadata": meta}
+
     return {
-        CLOZE: {
-            "task": CLOZE,
-            "tag": [LOCAL_TAG],
-            **data(CLOZE),
-            "output_type": "loglikelihood",
-            "doc_to_text": "{{context}}",
-            "doc_to_target": "{{' ' + target}}",
-            "metric_list": [
+        CLOZE: task(
+            CLOZE,
+            "loglikelihood",
+            doc_to_target="{{' ' + target}}",
+            metric_list=[
                 {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
                 {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
             ],
-            "metadata": meta,
-        },
-        CHOICE: {
-            "task": CHOICE,
-            "tag": [LOCAL_TAG],
-            **data(CHOICE),
-            "output_type": "multiple_choice",
-            "doc_to_text": "{{context}}",
-            "doc_to_choice": "{{choices}}",
-            "doc_to_target": "{{label}}",
-            "metric_list": [
+        ),
+        CHOICE: task(
+            CHOICE,
+            "multiple_choice",
+            doc_to_choice="{{choices}}",
+            doc_to_target="{{label}}",
+            metric_list=[
                 {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
                 {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
             ],
-            "metadata": meta,
-        },
+        ),
     }
 
 
 # -------------------------------------------------------------------------------------- install
-
-
 def _text_digest(paths: list[Path]) -> str:
     h = hashlib.sha256()
     for p in paths:

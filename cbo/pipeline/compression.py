@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.extras import require
 from cbo.jsonable import jsonable
+from cbo.pipeline.inputs import model_and_tokenizer, token_splits
 from cbo.pipeline.proposers import depth_proposer
 from cbo.pipeline.reports import Report
 from cbo.width.mop import check_mop_options, mixture_of_pruners
@@ -252,29 +253,19 @@ def compress(
     )
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
-    name = (
-        model if isinstance(model, (str, os.PathLike)) else getattr(getattr(model, "config", None), "_name_or_path", "")
+    model, tokenizer, name = model_and_tokenizer(model, tokenizer)
+    splits = token_splits(
+        splits,
+        tokenizer,
+        text,
+        model=model,
+        seq_len=seq_len,
+        n_calibration=n_calibration,
+        n_validation=n_validation,
+        n_test=n_test,
+        seed=seed,
+        who="compress",
     )
-    if isinstance(model, (str, os.PathLike)):
-        from cbo.models import load_model
-
-        model, loaded_tok = load_model(str(model))
-        tokenizer = tokenizer or loaded_tok
-    if splits is None:
-        if tokenizer is None:
-            raise DataError("compress needs a tokenizer to cut text into windows, or splits=TokenSplits(...)")
-        from cbo.data import make_splits
-
-        splits = make_splits(
-            tokenizer,
-            text,
-            seq_len=seq_len,
-            n_calibration=n_calibration,
-            n_validation=n_validation,
-            n_test=n_test,
-            seed=seed,
-            model=model,
-        )
     calib, control, test = splits.calibration, splits.validation, splits.test
     if control is None or control.shape[0] == 0:
         control = calib

@@ -156,7 +156,7 @@ def prune_depth(
     t = time.perf_counter()
     splits = token_splits(
         splits, tokenizer, text, model=model, seq_len=seq_len, n_calibration=n_calibration,
-        n_validation=n_validation, n_test=0, seed=seed,
+        n_validation=n_validation, n_test=0, seed=seed, who="prune_depth",
     )  # fmt: skip
     if splits.validation.shape[0] == 0 and (validate > 0 or method != "cbo"):
         raise CBOError("the validation split is empty; give n_validation >= 1 (or validate=0).")

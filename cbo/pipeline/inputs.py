@@ -3,16 +3,17 @@ document, and the cache folders."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from cbo.errors import CBOError, ModelError
+from cbo.errors import DataError, ModelError
 
 
 def model_and_tokenizer(model: Any, tokenizer: Any = None, *, dtype: Any = None, device: Any = "cpu") -> tuple:
     """``(model, tokenizer, label)``: a name or folder loaded with :func:`cbo.models.load_model` (its tokenizer
     unless one is given), or a loaded model as it is; ``label`` names the model in reports."""
-    if isinstance(model, (str, Path)):
+    if isinstance(model, (str, os.PathLike)):
         from cbo.models import load_model
 
         label = str(model)
@@ -35,12 +36,16 @@ def token_splits(
     n_validation: int,
     n_test: int,
     seed: int,
+    who: str = "pruning",
 ) -> Any:
-    """``splits`` when given, else the text cut into calibration / validation / test windows by document."""
+    """``splits`` when given, else the text cut into calibration / validation / test windows by document (``who``
+    names the caller in the error raised without a tokenizer)."""
     if splits is not None:
         return splits
     if tokenizer is None:
-        raise CBOError("a tokenizer is needed to cut the text into windows; pass tokenizer= or splits=.")
+        raise DataError(
+            f"{who} needs a tokenizer to cut the text into windows; pass tokenizer= or splits=TokenSplits(...)."
+        )
     from cbo.data import make_splits
 
     return make_splits(

@@ -12,7 +12,7 @@ from bench_scripts import bench_module, run_script
 
 
 def test_estimator_specs_parse_run_keys_and_options():
-    C = bench_module("_common")
+    C = bench_module("harness")
     spec = C.EstimatorSpec.parse("pairwise:windows=8:couplings=raw:coupling_scale=0.5:loss=ce")
     assert (spec.name, spec.windows, spec.loss) == ("pairwise", 8, "ce")
     assert spec.options == {"couplings": "raw", "coupling_scale": 0.5}
@@ -35,7 +35,7 @@ def test_random_sets_and_fidelity():
 
 
 def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
-    C = bench_module("_common")
+    C = bench_module("harness")
     with pytest.raises(SystemExit, match="run the benchmark without --report first"):
         C.report_only(tmp_path, "depth_quality", lambda r: "")
     assert "did not finish" in C.timing_line({})
@@ -51,7 +51,7 @@ def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
 def test_depth_quality_quick(installed, tmp_path):
     out = tmp_path / "dq"
     common = ["--quick", "--threads", "1", "--no-progress", "--out", str(out), "--hessian-cache", str(tmp_path / "h")]
-    run_script("depth_quality.py", *common)
+    run_script("depth_quality", *common)
     data = json.loads((out / "depth_quality.json").read_text())
     assert (out / "depth_quality.md").read_text().startswith("# Depth quality")
     assert (out / "depth_quality.png").stat().st_size > 1000
@@ -79,14 +79,14 @@ def test_depth_quality_quick(installed, tmp_path):
         kls = [float(s["validation"]["kl"]) for s in v["states"]]
         assert v["chosen"] == v["states"][kls.index(min(kls))]["rank"]
     # a rerun measures nothing new: rankings, Hessians and measurements come from the caches
-    run_script("depth_quality.py", *common)
+    run_script("depth_quality", *common)
     again = json.loads((out / "depth_quality.json").read_text())
     assert again["new_measurements"] == 0
     assert [r["removed"] for r in again["rows"]] == [r["removed"] for r in data["rows"]]
     # --report rewrites the Markdown from the JSON alone
     report = (out / "depth_quality.md").read_text()
     (out / "depth_quality.md").unlink()
-    run_script("depth_quality.py", "--report", "--no-plot", "--out", str(out))
+    run_script("depth_quality", "--report", "--no-plot", "--out", str(out))
     assert (out / "depth_quality.md").read_text() == report
 
 
@@ -95,7 +95,7 @@ def test_depth_quality_quick(installed, tmp_path):
 def test_estimators_quick(installed, tmp_path):
     out = tmp_path / "est"
     run_script(
-        "estimators.py",
+        "estimators",
         "--quick",
         "--threads",
         "1",
@@ -121,7 +121,7 @@ def test_estimators_quick(installed, tmp_path):
     # --report rewrites the Markdown from the JSON alone, also that of an unfinished run
     partial = {k: v for k, v in data.items() if k not in ("wall_time_s", "cpu_time_s", "new_measurements")}
     (out / "estimators.json").write_text(json.dumps(partial))
-    run_script("estimators.py", "--report", "--out", str(out))
+    run_script("estimators", "--report", "--out", str(out))
     assert "the run did not finish" in (out / "estimators.md").read_text()
     assert (out / "estimators.png").exists()
 
@@ -130,7 +130,7 @@ def test_estimators_quick(installed, tmp_path):
 @pytest.mark.slow
 def test_speed_quick(installed, tmp_path):
     out = tmp_path / "speed"
-    run_script("speed.py", "--quick", "--threads", "1", "--out", str(out))
+    run_script("speed", "--quick", "--threads", "1", "--out", str(out))
     data = json.loads((out / "speed.json").read_text())
     v = data["variants"]
     assert set(v) == {"original", "depth", "width", "combined"}
@@ -148,7 +148,7 @@ def test_speed_quick(installed, tmp_path):
 @pytest.mark.slow
 def test_fidelity_quick(installed, tmp_path):
     out = tmp_path / "fid"
-    run_script("fidelity.py", "--quick", "--threads", "1", "--no-progress", "--out", str(out))
+    run_script("fidelity", "--quick", "--threads", "1", "--no-progress", "--out", str(out))
     data = json.loads((out / "results-quick.json").read_text())
     rows = data["table"]["4"]
     assert {"block_influence", "angular", "sleb", "taylor", "ppl"} <= set(rows)
@@ -164,7 +164,7 @@ def test_fidelity_quick(installed, tmp_path):
         assert len(r["set"]) == 4 and math.isfinite(r["test_kl"]) and r["test_kl"] > 0
     # the table measures exactly the sets the baselines chose
     assert data["baselines"]["ppl"]["sets"]["4"] == rows["ppl"]["set"]
-    run_script("fidelity.py", "--quick", "--stage", "report", "--out", str(out))
+    run_script("fidelity", "--quick", "--stage", "report", "--out", str(out))
     assert "| method | removed | val KL | test KL | test PPL |" in (out / "results-quick.md").read_text()
 
 
@@ -203,7 +203,7 @@ def test_make_instances_estimates_layer_and_sublayer_files(installed, tmp_path):
 
     out = tmp_path / "instances"
     proc = run_script(
-        "make_instances.py",
+        "make_instances",
         *("--calibration", "2", "--seq-len", "32", "--specs", "fisher", "--sublayer-specs", "fisher"),
         *("--threads", "1", "--no-progress", "--out", str(out), "--hessian-cache", str(tmp_path / "h")),
     )
@@ -220,3 +220,15 @@ def test_make_instances_estimates_layer_and_sublayer_files(installed, tmp_path):
         info = q.metadata["instance"]
         assert info["source"] == "benchmarks/make_instances.py" and info["seq_len"] == 32
         assert q.metadata["n_sequences"] == 2 and q.metadata["estimator"] == "fisher"
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_default_pipeline_quick(installed, tmp_path):
+    run_script("default_pipeline", "--quick", "--threads", "1", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "default_pipeline.json").read_text())
+    assert data["quick"] and data["command"].startswith(".venv/bin/python -m benchmarks.default_pipeline --quick")
+    point = data["points"]["2"]
+    assert len(point["chosen"]) == 2 and point["test_windows"] == 2
+    assert point["test_ppl"] > 1 and point["test_kl"] > 0
+    assert (tmp_path / "default_pipeline.md").read_text().startswith("# The default pipeline")

@@ -12,10 +12,11 @@ from bench_scripts import bench_module, run_script
 @pytest.mark.model
 @pytest.mark.slow
 def test_hessian_bench_quick(installed, tmp_path):
-    out = tmp_path / "hessian.json"
-    proc = run_script("hessian.py", "--quick", "--threads", "1", "--json", str(out))
+    proc = run_script("hessian", "--quick", "--threads", "1", "--out", str(tmp_path))
     assert "÷ fwd+bwd" in proc.stdout
-    data = json.loads(out.read_text())
+    assert "÷ fwd+bwd" in (tmp_path / "hessian.md").read_text()
+    data = json.loads((tmp_path / "hessian.json").read_text())
+    assert data["command"].startswith(".venv/bin/python -m benchmarks.hessian --quick")
     assert data["settings"]["n"] == 2 and data["settings"]["seq_len"] == 32
     r = data["results"]
     bench = bench_module("hessian")

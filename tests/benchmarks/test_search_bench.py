@@ -43,7 +43,7 @@ def test_curve_points_spread_in_log_fpe_and_keep_the_last():
 @pytest.mark.slow
 def test_quick_run_writes_its_outputs_and_obeys_its_rules(installed, tmp_path):
     out = tmp_path / "search"
-    run_script("search.py", "--quick", "--out", str(out), "--no-progress", "--threads", "1", timeout=3600)
+    run_script("search", "--quick", "--out", str(out), "--no-progress", "--threads", "1", timeout=3600)
     result = json.loads((out / "search.json").read_text())
     assert set(result["points"]) == {"layer-3-s0", "sublayer-2-s0"}
     for entry in result["points"].values():

@@ -12,7 +12,7 @@ from bench_scripts import run_script
 @pytest.mark.model
 def test_width_bench_quick(installed, tmp_path):
     out = tmp_path / "width.json"
-    proc = run_script("width.py", "--quick", "--threads", "1", "--json", str(out), timeout=900)
+    proc = run_script("width", "--quick", "--threads", "1", "--json", str(out), timeout=900)
     rows = json.loads(out.read_text())["rows"]
     methods = [r["method"] for r in rows]
     assert methods[0] == "original" and rows[0]["kl"] == pytest.approx(0.0, abs=1e-6)

@@ -52,6 +52,7 @@ import math
 import numpy as np
 from numba import njit
 
+from cbo.solvers.enumerate.heap import larger_child, smaller_parent
 from cbo.solvers.enumerate.threads import FASTMATH
 
 
@@ -68,29 +69,20 @@ def suffix_bounds(F, row, e, T, s, rho, n, S, srow, hbuf):
         v = F[row, j] + T[s, rho, j]
         if size < rho:
             i = size
-            while i > 0:
-                p = (i - 1) // 2
-                if hbuf[p] >= v:
-                    break
+            p = smaller_parent(hbuf, i, v)
+            while p >= 0:
                 hbuf[i] = hbuf[p]
-                i = p
+                i, p = p, smaller_parent(hbuf, p, v)
             hbuf[i] = v
             size += 1
             total += v
         elif v < hbuf[0]:
             total += v - hbuf[0]
             i = 0
-            while True:
-                left = 2 * i + 1
-                if left >= rho:
-                    break
-                ch = left
-                if left + 1 < rho and hbuf[left + 1] > hbuf[left]:
-                    ch = left + 1
-                if hbuf[ch] <= v:
-                    break
+            ch = larger_child(hbuf, 0, rho, v)
+            while ch >= 0:
                 hbuf[i] = hbuf[ch]
-                i = ch
+                i, ch = ch, larger_child(hbuf, ch, rho, v)
             hbuf[i] = v
         if size == rho:
             S[srow, j] = e + total
@@ -131,30 +123,19 @@ def _smallest(v, m, rho, sel, hv):
         x = v[i]
         if size < rho:
             k = size
-            while k > 0:
-                p = (k - 1) // 2
-                if hv[p] >= x:
-                    break
-                hv[k] = hv[p]
-                sel[k] = sel[p]
-                k = p
+            p = smaller_parent(hv, k, x)
+            while p >= 0:
+                hv[k], sel[k] = hv[p], sel[p]
+                k, p = p, smaller_parent(hv, p, x)
             hv[k] = x
             sel[k] = i
             size += 1
         elif x < hv[0]:
             k = 0
-            while True:
-                left = 2 * k + 1
-                if left >= rho:
-                    break
-                ch = left
-                if left + 1 < rho and hv[left + 1] > hv[left]:
-                    ch = left + 1
-                if hv[ch] <= x:
-                    break
-                hv[k] = hv[ch]
-                sel[k] = sel[ch]
-                k = ch
+            ch = larger_child(hv, 0, rho, x)
+            while ch >= 0:
+                hv[k], sel[k] = hv[ch], sel[ch]
+                k, ch = ch, larger_child(hv, ch, rho, x)
             hv[k] = x
             sel[k] = i
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from cbo.solvers.enumerate.heap import larger_child, smaller_parent
+
 
 @njit(cache=True, inline="always")
 def node_bound(dn, sdn, thn, tan, rho, q, Na, Nh, Nah):
@@ -38,29 +40,20 @@ def push(heap_e, heap_s, nh, e, X, n):
     if nh < K:
         i = nh
         nh += 1
-        while i > 0:
-            p = (i - 1) // 2
-            if heap_e[p] >= e:
-                break
+        p = smaller_parent(heap_e, i, e)
+        while p >= 0:
             heap_e[i] = heap_e[p]
             heap_s[i, :] = heap_s[p, :]
-            i = p
+            i, p = p, smaller_parent(heap_e, p, e)
     else:
         if e >= heap_e[0]:
             return nh
         i = 0
-        while True:
-            left = 2 * i + 1
-            if left >= K:
-                break
-            ch = left
-            if left + 1 < K and heap_e[left + 1] > heap_e[left]:
-                ch = left + 1
-            if heap_e[ch] <= e:
-                break
+        ch = larger_child(heap_e, 0, K, e)
+        while ch >= 0:
             heap_e[i] = heap_e[ch]
             heap_s[i, :] = heap_s[ch, :]
-            i = ch
+            i, ch = ch, larger_child(heap_e, ch, K, e)
     heap_e[i] = e
     for k in range(n):
         heap_s[i, k] = X[k]

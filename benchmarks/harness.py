@@ -1,7 +1,9 @@
-"""Shared pieces of the depth benchmarks: machine facts, model and splits, estimator specs, a measurement cache
-that makes reruns cheap, and Markdown / JSON output.
+"""What the benchmark scripts share: the argument parser (``parser``), the output folder, thread setting, machine
+facts, timing, JSON / Markdown output, and for the depth benchmarks the model and splits, estimator specs and a
+measurement cache that makes reruns cheap.
 
-Not a public module: the benchmark scripts import it as ``_common`` from their own folder.
+Every script builds its options with ``parser`` and is run from the repository root as
+``python -m benchmarks.NAME``. Nothing here imports torch at import time: the solver benchmarks run without it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import math
 import os
 import platform
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +23,61 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
+INSTANCES = REPO / "benchmarks" / "instances"  # the committed QUBO instances (.cboq)
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+def parser(
+    doc: str | None,
+    *,
+    out: str | None = None,
+    out_help: str = "output folder",
+    quick: str | None = None,
+    model: bool = False,
+    threads: bool = True,
+    seed: int | None = None,
+    progress: bool = False,
+) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark script, with the options every script spells the same way.
+
+    Args:
+        doc: the script's docstring (its first line is the summary; the rest is shown by ``--help`` as written).
+        out: adds ``--out``, defaulting to ``benchmarks/out/<out>`` (``""``: ``benchmarks/out``).
+        quick: adds ``--quick`` with this help text (the small settings the test suite runs).
+        model: adds the model options (``--model --seq-len --batch-size --threads --seed --device
+            --hessian-cache --no-progress``, see ``add_model_args``); ``threads``, ``seed`` and ``progress`` are
+            then implied.
+        threads: adds ``--threads`` (torch CPU threads; default: torch's choice).
+        seed: adds ``--seed`` with this default.
+        progress: adds ``--no-progress``.
+
+    Example:
+        >>> p = parser(__doc__, out="speed", quick="short runs", model=True)
+        >>> p.add_argument("--remove", type=int, default=8)
+    """
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if model:
+        add_model_args(p, seed=0 if seed is None else seed)
+    else:
+        if threads:
+            p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+        if seed is not None:
+            p.add_argument("--seed", type=int, default=seed, help=f"seed (default {seed})")
+        if progress:
+            p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    if out is not None:
+        shown = "benchmarks/out" + (f"/{out}" if out else "")
+        p.add_argument("--out", default=str(OUT / out), help=f"{out_help} (default {shown})")
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick)
+    return p
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    """The run's output folder (``args.out``), created."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ machine
@@ -31,10 +90,9 @@ def setup_torch(threads: int | None) -> None:
     torch.manual_seed(0)
 
 
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    import torch
-
+def machine(*, torch_info: bool = True) -> dict[str, Any]:
+    """What the numbers were measured on: CPU, cores, load average, Python; torch's threads, version and GPU when
+    ``torch_info`` (the solver benchmarks pass False: they never import torch)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -44,15 +102,21 @@ def machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    info = {
+    info: dict[str, Any] = {
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
         "python": platform.python_version(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+    if not torch_info:
+        return info
+    import torch
+
+    info.update(
+        torch_threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    )
     try:
         import transformers
 
@@ -62,12 +126,19 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def add_common_args(p: argparse.ArgumentParser) -> None:
+def machine_line(info: dict[str, Any] | None = None) -> str:
+    """One line for a report: ``CPU, N cores, load average L at start``."""
+    info = info or machine(torch_info=False)
+    return f"{info['cpu']}, {info['cores']} cores, load average {info['load_average_at_start'][0]:.2f} at start"
+
+
+def add_model_args(p: argparse.ArgumentParser, *, seed: int = 0) -> None:
+    """The model options of the depth benchmarks (``parser(..., model=True)`` adds them)."""
     p.add_argument("--model", default="smollm2-135m", help="model name or folder (default: the default model)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per window (default 128; --quick: 64)")
     p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data windows, label sampling and random sets")
+    p.add_argument("--seed", type=int, default=seed, help="seed of the data windows, label sampling and random sets")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument(
         "--hessian-cache",
@@ -344,6 +415,8 @@ def md_table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def write_json(path: Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON (numpy values and paths converted); the folder is created."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=_json_default))
     return path
@@ -367,11 +440,82 @@ def _json_default(obj: Any) -> Any:
 
 
 def command_line() -> str:
-    import shlex
-    import sys
+    """The command that is running, as a user would type it from the repository root."""
+    module = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if module is not None and module.name.startswith("benchmarks."):
+        head = ["-m", module.name]
+    else:
+        head = [os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0]]
+    return " ".join([".venv/bin/python", *head, *map(shlex.quote, sys.argv[1:])])
 
-    script = os.path.relpath(sys.argv[0], REPO) if os.path.isabs(sys.argv[0]) else sys.argv[0]
-    return " ".join([".venv/bin/python", shlex.quote(script), *map(shlex.quote, sys.argv[1:])])
+
+def write_outputs(out: Path, name: str, result: Any, markdown: str) -> tuple[Path, Path]:
+    """Write ``out/name.json`` and ``out/name.md`` (the folder is created); returns both paths."""
+    out = Path(out)
+    json_path = write_json(out / f"{name}.json", result)
+    md_path = out / f"{name}.md"
+    md_path.write_text(markdown if markdown.endswith("\n") else markdown + "\n")
+    return json_path, md_path
+
+
+RESULT = "RESULT "
+
+
+def print_result(data: Any) -> None:
+    """Hand a measurement made in a child process (``run_in_process``) back to its parent: one JSON line."""
+    print(RESULT + json.dumps(data, default=_json_default), flush=True)
+
+
+def run_in_process(name: str, *args: str) -> Any:
+    """Run ``python -m benchmarks.<name> args`` from the repository root in a new process and return what it
+    handed back with ``print_result``: for measurements that need a process of their own (peak memory, a fresh
+    import). Exits with the child's output tail when it fails."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", f"benchmarks.{name}", *args]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{' '.join(cmd[1:])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT) :])
+
+
+class RecordLog:
+    """An append-only JSONL file of finished runs, keyed by some of their fields: a rerun skips what is recorded,
+    so an interrupted benchmark loses nothing (each line is flushed to disk as it is written).
+
+    Example:
+        >>> log = RecordLog(out / "runs.jsonl", ("instance", "M", "solver"))
+        >>> rec = log.get(instance="a", M=8, solver="auto") or log.add({"instance": "a", "M": 8, "solver": "auto"})
+    """
+
+    def __init__(self, path: Path, key: tuple[str, ...], *, fresh: bool = False) -> None:
+        self.path, self.key = Path(path), tuple(key)
+        self.done: dict[tuple, dict[str, Any]] = {}
+        if fresh and self.path.exists():
+            self.path.unlink()
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    self.done[self._key(rec)] = rec
+
+    def _key(self, fields: dict[str, Any]) -> tuple:
+        return tuple(fields.get(k) for k in self.key)
+
+    def get(self, **fields: Any) -> dict[str, Any] | None:
+        """The recorded run with these key fields, or None."""
+        return self.done.get(self._key(fields))
+
+    def add(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Record a finished run (it holds the key fields) and return it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(rec, default=_json_default) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.done[self._key(rec)] = rec
+        return rec
 
 
 class Stopwatch:
