@@ -198,7 +198,9 @@ def output_folder(path: str | os.PathLike) -> Iterator[Path]:
         yield staging
         path.mkdir(exist_ok=True)
         previous = written_by_cbo(path) or []
-        new = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file() and p.name != WRITTEN_MARKER)
+        new = sorted(
+            str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file() and p.name != WRITTEN_MARKER
+        )
         for rel in new:
             target = path / rel
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -210,4 +212,3 @@ def output_folder(path: str | os.PathLike) -> Iterator[Path]:
         atomic_write_bytes(path / WRITTEN_MARKER, json.dumps({"files": new}, indent=1).encode())
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -11,29 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from cbo.cli import app
+from cbo.cli.common import OVERWRITE_HELP, check_outputs, fail, parse_options, plain
 from cbo.errors import CBOError
 
 console = Console()
-err_console = Console(stderr=True)
-
-
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(2)
-
-
-def _parse_options(pairs: list[str]) -> dict:
-    """``["p=0.3", "clip=false", "clip_percentiles=[5,95]"]`` -> typed dict (JSON values, else strings)."""
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise CBOError(f"score option {pair!r} must look like name=value")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
 
 
 @app.command()
@@ -54,6 +34,7 @@ def compress(
     ),
     depth_share: float = typer.Option(0.5, help="One-shot with depth: share of the budget removed as whole layers."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the compressed model and report.json here."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     text: Optional[str] = typer.Option(None, "--text", help="Text file/folder/.jsonl (default: the Austen novels)."),
     seq_len: int = typer.Option(128, help="Tokens per window."),
     n_calibration: int = typer.Option(32, help="Calibration windows."),
@@ -80,16 +61,17 @@ def compress(
 
     # the options are named as compress() names them, except --json (here), --speed and --option
     options = dict(ctx.params)
-    del options["json_out"]
+    del options["json_out"], options["overwrite"]
     options["measure_speed"] = options.pop("speed")
     try:
-        options["score_options"] = _parse_options(options.pop("option"))
+        check_outputs((json_out,), (out,), overwrite=overwrite)
+        options["score_options"] = parse_options(options.pop("option"), "--option")
         report = run(tokenizer=None, progress=True, **options)
     except CBOError as exc:
-        _fail(exc)
+        fail(exc)
     report.print(console)
     if out is not None:
-        console.print(f"saved to {out} (load with cbo.load_pruned)")
+        console.print(f"saved to {plain(out)} (load with cbo.load_pruned)")
     if json_out is not None:
         report.save(json_out)
 
@@ -104,10 +86,10 @@ def widths(folder: Path = typer.Argument(..., help="A saved (pruned) model folde
         model = load_pruned(folder)
         rows = layer_widths(model)
     except CBOError as exc:
-        _fail(exc)
+        fail(exc)
     removed = getattr(model.config, "cbo_removed_layers", None) or []
     original = getattr(model.config, "cbo_original_layers", None) or list(range(len(rows)))
-    table = Table(title=f"{folder} ({len(rows)} layers; removed: {removed or 'none'})")
+    table = Table(title=plain(f"{folder} ({len(rows)} layers; removed: {removed or 'none'})"))
     for col in ("layer", "original", "heads", "kv heads", "head dim", "MLP width"):
         table.add_column(col, justify="right")
     for i, w in enumerate(rows):
