@@ -128,10 +128,11 @@ def check_creatable(path: Path, what: str) -> None:
 
 
 def check_output_file(path: str | os.PathLike, what: str = "output file") -> Path:
-    """Fail now, not after the work, when the file ``path`` cannot be written (missing folders are created later).
+    """Fail now, not after the work, when the file ``path`` cannot be written.
 
     Raises:
-        OutputPathError: ``path`` is a folder, lies under a file, or is in a folder that cannot be written.
+        OutputPathError: ``path`` is a folder, its folder does not exist or lies under a file, or it cannot be
+            written.
     """
     path = Path(path).expanduser()
     if path.is_dir():
@@ -139,6 +140,11 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Pat
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputPathError(f"cannot write the {what} {str(path)!r}: the file is read-only.")
     check_creatable(path, what)
+    folder = path.parent
+    if not folder.is_dir():
+        raise OutputPathError(
+            f"cannot write the {what} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first."
+        )
     return path
 
 

@@ -79,6 +79,9 @@ def convert(
     try:
         if dtype not in DTYPES:
             raise InvalidOptionError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        from cbo.cli.common import check_outputs
+
+        check_outputs(folders=(output,), overwrite=force)
         import torch
 
         from cbo.convert import MANIFEST, convert_gguf
