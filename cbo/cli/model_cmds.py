@@ -53,7 +53,7 @@ def hessian(
         check_outputs((output,))
         opts = parse_options(option, "--option")
         say(quiet, f"loading {model} ...")
-        m, tok = load_model(model)
+        m, tok = load_model(model, quiet=quiet)
         say(quiet, "cutting calibration windows ...")
         splits = make_splits(
             tok, text, seq_len=seq_len, n_calibration=n_calibration, n_validation=0, n_test=0, seed=seed, model=m

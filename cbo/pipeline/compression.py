@@ -258,7 +258,7 @@ def compress(
     if isinstance(model, (str, os.PathLike)):
         from cbo.models import load_model
 
-        model, loaded_tok = load_model(str(model))
+        model, loaded_tok = load_model(str(model), quiet=not progress)
         tokenizer = tokenizer or loaded_tok
     if splits is None:
         if tokenizer is None:
