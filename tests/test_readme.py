@@ -75,3 +75,19 @@ def test_the_python_example_runs(tmp_path, monkeypatch):
     assert (folder / "config.json").is_file() and (folder / "report.json").is_file()
     model = cbo.load_pruned(folder)
     assert model.config.num_hidden_layers == 30 - 8
+
+
+def test_troubleshooting_lists_every_error_type():
+    """Each exception type a user can meet has a row in the README's troubleshooting table."""
+    import inspect
+
+    import cbo.errors
+    from cbo.assets import SourceUnavailableError
+    from cbo.models import CacheDirError
+
+    section = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    types = [c for _, c in inspect.getmembers(cbo.errors, inspect.isclass) if issubclass(c, cbo.errors.CBOError)]
+    for cls in [*types, CacheDirError, SourceUnavailableError]:
+        if cls is cbo.errors.CBOError:
+            continue
+        assert f"`{cls.__name__}`" in section, f"{cls.__name__} is missing from the README's troubleshooting section"

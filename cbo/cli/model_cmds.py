@@ -75,6 +75,8 @@ def hessian(
         qubo.save(output)
     except CBOError as exc:
         fail(exc)
+    except KeyboardInterrupt:
+        interrupted(cache)
     md = qubo.metadata
     lin = qubo.linear
     order = lin.argsort()
@@ -194,7 +196,7 @@ def prune(
 
 
 def interrupted(cache: bool) -> None:
-    """Ctrl-C in ``cbo prune``: say what is kept and how to resume, then exit with status 130."""
+    """Ctrl-C in ``cbo prune`` or ``cbo hessian``: say what is kept and how to resume, then exit with status 130."""
     from cbo.pipeline.inputs import cache_dirs
 
     if cache:
