@@ -127,12 +127,16 @@ def check_creatable(path: Path, what: str) -> None:
         )
 
 
-def check_output_file(path: str | os.PathLike, what: str = "output file") -> Path:
+def check_output_file(path: str | os.PathLike, what: str = "output file", *, make_parents: bool = False) -> Path:
     """Fail now, not after the work, when the file ``path`` cannot be written.
 
+    Args:
+        make_parents: the writer creates missing folders (then only their nearest existing folder must be
+            writable).
+
     Raises:
-        OutputPathError: ``path`` is a folder, its folder does not exist or lies under a file, or it cannot be
-            written.
+        OutputPathError: ``path`` is a folder, its folder does not exist (unless ``make_parents``) or lies under a
+            file, or it cannot be written.
     """
     path = Path(path).expanduser()
     if path.is_dir():
@@ -141,7 +145,7 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Pat
         raise OutputPathError(f"cannot write the {what} {str(path)!r}: the file is read-only.")
     check_creatable(path, what)
     folder = path.parent
-    if not folder.is_dir():
+    if not make_parents and not folder.is_dir():
         raise OutputPathError(
             f"cannot write the {what} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first."
         )

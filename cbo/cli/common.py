@@ -46,16 +46,21 @@ def say(quiet: bool, message: str) -> None:
 
 
 def check_outputs(
-    files: tuple[Optional[Path], ...] = (), folders: tuple[Optional[Path], ...] = (), *, overwrite: bool = False
+    files: tuple[Optional[Path], ...] = (),
+    folders: tuple[Optional[Path], ...] = (),
+    *,
+    overwrite: bool = False,
+    make_parents: bool = False,
 ) -> None:
-    """Check every output of a command before its work starts (:mod:`cbo.files`): files that cannot be written,
-    and folders that cannot be written or hold files CBO did not write (refused unless ``overwrite``), raise
-    OutputPathError. ``None`` entries (outputs not asked for) are skipped."""
+    """Check every output of a command before its work starts (:mod:`cbo.files`): files that cannot be written
+    (or whose folder is missing, unless the command creates it: ``make_parents``), and folders that cannot be
+    written or hold files CBO did not write (refused unless ``overwrite``), raise OutputPathError. ``None``
+    entries (outputs not asked for) are skipped."""
     from cbo.files import check_output_dir, check_output_file
 
     for path in files:
         if path is not None:
-            check_output_file(path)
+            check_output_file(path, make_parents=make_parents)
     for path in folders:
         if path is not None:
             check_output_dir(path, overwrite=overwrite)

@@ -82,7 +82,7 @@ def sweep(
     from cbo.sweep import make_grid, results_table, run_sweep, write_table
 
     try:
-        check_outputs((out, table or out.with_suffix(".csv")))
+        check_outputs((out, table or out.with_suffix(".csv")), make_parents=True)
         cells = make_grid(
             instance,
             _names(solver),
