@@ -30,6 +30,7 @@ import numpy as np
 from cbo.errors import CorruptFileError, OutputPathError
 
 WRITTEN_MARKER = ".cbo-written.json"  # the files CBO wrote into an output folder (the only ones it may replace)
+PRUNED_FORMAT_KEY = "cbo_pruned_format"  # the config.json entry of every model folder cbo.save_pruned writes
 
 # what a damaged zip member or .npy header can raise while being read
 _READ_ERRORS = (
@@ -164,10 +165,20 @@ def written_by_cbo(folder: Path) -> list[str] | None:
     return files
 
 
+def saved_by_earlier_cbo(folder: Path) -> bool:
+    """True for a model folder an earlier CBO saved before it kept a record (its config says it is CBO's)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and PRUNED_FORMAT_KEY in config
+
+
 def check_output_dir(path: str | os.PathLike, *, overwrite: bool = False, what: str = "output folder") -> Path:
     """Fail now, not after the work, when the folder ``path`` cannot receive CBO's output.
 
-    A missing or empty folder, or one CBO wrote before (it holds ``.cbo-written.json``), is fine; a non-empty
+    A missing or empty folder, or one CBO wrote before (it holds ``.cbo-written.json``, or it is a pruned model
+    folder an earlier version saved), is fine; a non-empty
     folder of other files is refused unless ``overwrite`` (even then only files of the same names are replaced).
 
     Raises:
@@ -177,7 +188,7 @@ def check_output_dir(path: str | os.PathLike, *, overwrite: bool = False, what: 
     if path.exists() and not path.is_dir():
         raise OutputPathError(f"the {what} {str(path)!r} is a file; give a folder (a new or empty one).")
     check_creatable(path, what)
-    if path.is_dir() and not overwrite and written_by_cbo(path) is None:
+    if path.is_dir() and not overwrite and written_by_cbo(path) is None and not saved_by_earlier_cbo(path):
         entries = sorted(p.name for p in path.iterdir())
         if entries:
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")

@@ -145,3 +145,12 @@ def test_solvers_lists_the_extras_with_their_brackets():
     for line in res.output.splitlines():
         if "pip install 'cbo" in line:
             assert "pip install 'cbo[" in line, line
+
+
+def test_a_model_folder_an_earlier_cbo_saved_is_written_again(tmp_path, no_work):
+    """A pruned folder saved before the record existed (its config says it is CBO's) is not a foreign folder."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "config.json").write_text(json.dumps({"cbo_pruned_format": 1, "model_type": "llama"}))
+    (earlier / "model.safetensors").write_bytes(b"x")
+    assert isinstance(_run("demo", "--out", str(earlier)).exception, WorkStarted)

@@ -34,10 +34,11 @@ from typing import Any
 
 from cbo.errors import CorruptFileError, ModelError
 from cbo.extras import require
+from cbo.files import PRUNED_FORMAT_KEY
 from cbo.surgery.depth import ZEROED_KEY, restore_zeroed_sublayers, text_config_of
 
 WIDTHS_KEY = "cbo_layer_widths"
-FORMAT_KEY = "cbo_pruned_format"
+FORMAT_KEY = PRUNED_FORMAT_KEY
 FORMAT_VERSION = 1
 REMOTE_FILE = "modeling_cbo_pruned.py"
 REMOTE_CLASS = "CBOPrunedForCausalLM"
