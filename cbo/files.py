@@ -233,3 +233,12 @@ def output_folder(path: str | os.PathLike) -> Iterator[Path]:
         atomic_write_bytes(path / WRITTEN_MARKER, json.dumps({"files": new}, indent=1).encode())
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def record_written(folder: str | os.PathLike, paths: Sequence[str | os.PathLike]) -> None:
+    """Add files CBO wrote straight into ``folder`` (plots, a report) to its record of the files it wrote, so that
+    a later command may write there again without ``overwrite``."""
+    folder = Path(folder)
+    names = {os.path.relpath(p, folder) for p in paths}
+    files = sorted(set(written_by_cbo(folder) or []) | names)
+    atomic_write_bytes(folder / WRITTEN_MARKER, json.dumps({"files": files}, indent=1).encode())

@@ -177,6 +177,10 @@ def prune(
         if out is not None:
             report.save_model(out)
         written = _write_plots(report, plots) if plots is not None else []
+        if written:
+            from cbo.files import record_written
+
+            record_written(plots, written)
     except CBOError as exc:
         fail(exc)
     except KeyboardInterrupt:
