@@ -22,7 +22,8 @@ from typing import Any
 
 from cbo.errors import ModelError
 from cbo.extras import require
-from cbo.models import silenced, staged_folder, writable_dir
+from cbo.files import output_folder
+from cbo.models import silenced, writable_dir
 
 GGUF_MAGIC = b"GGUF"
 MANIFEST = "cbo-manifest.json"
@@ -156,7 +157,7 @@ def convert_gguf(
         raise ModelError(f"transformers could not read the {arch!r} model in {str(source)!r}: {exc}") from exc
     detach_quantizer(model)
     seconds = time.perf_counter() - t0
-    with staged_folder(output, "output") as tmp, silenced(not progress):
+    with output_folder(output) as tmp, silenced(not progress):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         record = {

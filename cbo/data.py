@@ -152,7 +152,25 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
     docs = [(n, t) for n, t in docs if t.strip()]
     if not docs:
         raise DataError(f"the text source {str(source)[:200]!r} contains no text")
+    warn_if_binary(docs)
     return docs
+
+
+# control characters that do not occur in text (tab, newline, carriage return and form feed do)
+_CONTROL = {chr(c) for c in range(32)} - set("\t\n\r\f") | {"\x7f"}
+
+
+def warn_if_binary(docs: list[tuple[str, str]]) -> None:
+    """Warn about documents with NUL bytes or many control characters: binary data read as text gives
+    meaningless perplexities (and Hessians), so the user should know before trusting them."""
+    for name, text in docs:
+        bad = sum(text.count(c) for c in _CONTROL)
+        if "\x00" in text or bad > 0.001 * len(text):
+            warnings.warn(
+                f"text {name!r} holds {bad} control characters ({text.count(chr(0))} NUL) in {len(text)}: it looks "
+                "like binary data, not text; give a plain-text file (results measured on it mean little).",
+                stacklevel=3,
+            )
 
 
 # ------------------------------------------------------------------------------------------ tokens
@@ -243,6 +261,28 @@ def model_vocab_size(model: Any) -> int:
     return int(size)
 
 
+def model_max_positions(model: Any) -> int | None:
+    """The most positions the model was built for (``max_position_embeddings`` / ``n_positions``), or None."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_seq_len(model: Any, seq_len: int) -> None:
+    """DataError when windows of ``seq_len`` tokens are longer than the model's positions."""
+    limit = model_max_positions(model)
+    if limit is not None and seq_len > limit:
+        raise DataError(
+            f"seq_len={seq_len} is beyond the {limit} positions the model handles (max_position_embeddings); "
+            f"use --seq-len {limit} (seq_len={limit}) or less."
+        )
+
+
 def check_tokenizer(model: Any, tokenizer: Any) -> None:
     """Raise DataError when ``tokenizer`` can produce ids the model has no embedding for."""
     vocab = model_vocab_size(model)
@@ -271,6 +311,7 @@ def check_windows(windows: Any, model: Any | None = None) -> Any:
     if lo < 0:
         raise DataError(f"token windows contain a negative id ({lo})")
     if model is not None:
+        check_seq_len(model, int(windows.shape[1]))
         vocab = model_vocab_size(model)
         if hi >= vocab:
             raise DataError(
@@ -385,6 +426,7 @@ def make_splits(
         raise DataError(f"window counts must be >= 0 and not all 0, got {wanted}")
     if model is not None:
         check_tokenizer(model, tokenizer)
+        check_seq_len(model, seq_len)
     prefix = window_prefix(tokenizer, bos)
     body = seq_len - len(prefix)  # text tokens per window
     if body < 1:

@@ -56,3 +56,7 @@ class ModelError(CBOError, ValueError):
 
 class DataError(CBOError, ValueError):
     """Text or token data is unusable (too short, wrong tokenizer, ...)."""
+
+
+class OutputPathError(CBOError, OSError):
+    """An output file or folder cannot be written, or is a folder of other files that CBO must not replace."""

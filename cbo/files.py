@@ -1,7 +1,13 @@
-"""Files the project writes: atomic writes with unique temporary names, and checksummed zip archives.
+"""Files the project writes: atomic writes with unique temporary names, checksummed zip archives, and output
+paths checked before the work that fills them.
 
 Two processes that save the same path never share a temporary file (each write gets its own name in the target
 folder, then one atomic rename), and a reader sees either the old file or the new one, never half of one.
+
+Output folders: :func:`check_output_file` and :func:`check_output_dir` fail before any long work on a path that
+cannot be written, and refuse a non-empty folder that CBO did not write unless ``overwrite``;
+:func:`output_folder` fills a folder through a staging folder beside it and records the files it wrote in
+``.cbo-written.json``, so a later write replaces and removes only those files, never anything else.
 """
 
 from __future__ import annotations
@@ -10,16 +16,21 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cbo.errors import CorruptFileError
+from cbo.errors import CorruptFileError, OutputPathError
+
+WRITTEN_MARKER = ".cbo-written.json"  # the files CBO wrote into an output folder (the only ones it may replace)
+PRUNED_FORMAT_KEY = "cbo_pruned_format"  # the config.json entry of every model folder cbo.save_pruned writes
 
 # what a damaged zip member or .npy header can raise while being read
 _READ_ERRORS = (
@@ -94,3 +105,140 @@ def read_archive(path: Path, keys: Sequence[str]) -> tuple[dict[str, Any], dict[
     if not isinstance(meta, dict):
         raise CorruptFileError(f"{label} has metadata of type {type(meta).__name__}; expected a JSON object.")
     return meta, arrays
+
+
+# --------------------------------------------------------------------------------------- output paths
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (the folder a new path would be created in)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_creatable(path: Path, what: str) -> None:
+    """OutputPathError unless ``path`` (a file or folder, maybe with missing parents) can be created or written."""
+    base = nearest_existing(path)
+    if not base.is_dir():
+        raise OutputPathError(f"cannot write the {what} {str(path)!r}: {str(base)!r} is a file, not a folder.")
+    target = path if path.exists() else base
+    if not os.access(target, os.W_OK) or (target != base and not os.access(base, os.W_OK)):
+        raise OutputPathError(
+            f"cannot write the {what} {str(path)!r}: permission denied on {str(target)!r}; choose a writable place."
+        )
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output file", *, make_parents: bool = False) -> Path:
+    """Fail now, not after the work, when the file ``path`` cannot be written.
+
+    Args:
+        make_parents: the writer creates missing folders (then only their nearest existing folder must be
+            writable).
+
+    Raises:
+        OutputPathError: ``path`` is a folder, its folder does not exist (unless ``make_parents``) or lies under a
+            file, or it cannot be written.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise OutputPathError(f"the {what} {str(path)!r} is a folder; give a file name, e.g. {str(path / 'out')!r}.")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputPathError(f"cannot write the {what} {str(path)!r}: the file is read-only.")
+    check_creatable(path, what)
+    folder = path.parent
+    if not make_parents and not folder.is_dir():
+        raise OutputPathError(
+            f"cannot write the {what} {str(path)!r}: the folder {str(folder)!r} does not exist; create it first."
+        )
+    return path
+
+
+def written_by_cbo(folder: Path) -> list[str] | None:
+    """The files CBO recorded writing into ``folder`` (None when it holds no readable record)."""
+    try:
+        data = json.loads((folder / WRITTEN_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return files
+
+
+def saved_by_earlier_cbo(folder: Path) -> bool:
+    """True for a model folder an earlier CBO saved before it kept a record (its config says it is CBO's)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and PRUNED_FORMAT_KEY in config
+
+
+def check_output_dir(path: str | os.PathLike, *, overwrite: bool = False, what: str = "output folder") -> Path:
+    """Fail now, not after the work, when the folder ``path`` cannot receive CBO's output.
+
+    A missing or empty folder, or one CBO wrote before (it holds ``.cbo-written.json``, or it is a pruned model
+    folder an earlier version saved), is fine; a non-empty
+    folder of other files is refused unless ``overwrite`` (even then only files of the same names are replaced).
+
+    Raises:
+        OutputPathError: ``path`` is a file, cannot be written, or is a non-empty folder CBO did not write.
+    """
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"the {what} {str(path)!r} is a file; give a folder (a new or empty one).")
+    check_creatable(path, what)
+    if path.is_dir() and not overwrite and written_by_cbo(path) is None and not saved_by_earlier_cbo(path):
+        entries = sorted(p.name for p in path.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise OutputPathError(
+                f"the {what} {str(path)!r} is not empty ({shown}) and was not written by CBO; choose a new folder, "
+                "or pass --overwrite (overwrite=True) to write into it (files of other names are kept)."
+            )
+    return path
+
+
+@contextmanager
+def output_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """A staging folder beside ``path`` to write into; when the block ends, its files move into ``path``.
+
+    Files of the same names are replaced; files an earlier CBO write recorded and this one did not write again
+    are removed (e.g. the shards of a larger model); every other file in ``path`` is kept. On an error or an
+    interrupt the staging folder is removed and ``path`` is unchanged.
+
+    Example:
+        >>> with output_folder("out/pruned") as tmp:       # doctest: +SKIP
+        ...     model.save_pretrained(tmp)
+    """
+    path = Path(path).expanduser()
+    check_creatable(path, "output folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", suffix=".staging", dir=path.parent))
+    try:
+        yield staging
+        path.mkdir(exist_ok=True)
+        previous = written_by_cbo(path) or []
+        new = sorted(
+            str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file() and p.name != WRITTEN_MARKER
+        )
+        for rel in new:
+            target = path / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / rel, target)
+        for rel in set(previous) - set(new):
+            stale = path / rel
+            if stale.is_file() and stale.resolve().is_relative_to(path.resolve()):
+                stale.unlink()
+        atomic_write_bytes(path / WRITTEN_MARKER, json.dumps({"files": new}, indent=1).encode())
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def record_written(folder: str | os.PathLike, paths: Sequence[str | os.PathLike]) -> None:
+    """Add files CBO wrote straight into ``folder`` (plots, a report) to its record of the files it wrote, so that
+    a later command may write there again without ``overwrite``."""
+    folder = Path(folder)
+    names = {os.path.relpath(p, folder) for p in paths}
+    files = sorted(set(written_by_cbo(folder) or []) | names)
+    atomic_write_bytes(folder / WRITTEN_MARKER, json.dumps({"files": files}, indent=1).encode())

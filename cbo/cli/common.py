@@ -1,9 +1,15 @@
-"""What every command module shares: the consoles, the one way an error ends a command, and the parsers of
-``KEY=VALUE`` options and block lists. Command modules import these instead of keeping their own copies."""
+"""What every command module shares: the consoles, the one way an error ends a command, the parsers of
+``KEY=VALUE`` options and block lists, and the output-path checks every writing command runs before its work.
+Command modules import these instead of keeping their own copies.
+
+Text that comes from the user or from an error message (paths, model and block names, ``pip install 'cbo[gpu]'``)
+goes through rich escaped (:func:`plain`), so brackets in it print as they are instead of being read as markup.
+"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 import typer
@@ -19,16 +25,45 @@ MODEL_HELP = "'smollm2-135m' (the default, installed by `cbo setup`), a local Hu
 TEXT_HELP = "Text: a file, a folder of .txt files, or a .jsonl; default: the six Austen novels."
 
 
+OVERWRITE_HELP = "Write into a non-empty folder CBO did not write (only files of the same names are replaced)."
+
+
+def plain(value: Any) -> str:
+    """``value`` as text that rich prints literally (``[bold]`` stays ``[bold]``)."""
+    return escape(str(value))
+
+
 def fail(exc: Exception) -> NoReturn:
     """Print ``exc`` as the command's error and exit with status 2."""
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # messages name extras like cbo[gpu]
+    err_console.print(f"[bold red]error:[/] {plain(exc)}")
     raise typer.Exit(2)
 
 
 def say(quiet: bool, message: str) -> None:
-    """A progress message on stderr, unless ``--quiet``."""
+    """A progress message on stderr (printed literally), unless ``--quiet``."""
     if not quiet:
-        err_console.print(message)
+        err_console.print(plain(message))
+
+
+def check_outputs(
+    files: tuple[Optional[Path], ...] = (),
+    folders: tuple[Optional[Path], ...] = (),
+    *,
+    overwrite: bool = False,
+    make_parents: bool = False,
+) -> None:
+    """Check every output of a command before its work starts (:mod:`cbo.files`): files that cannot be written
+    (or whose folder is missing, unless the command creates it: ``make_parents``), and folders that cannot be
+    written or hold files CBO did not write (refused unless ``overwrite``), raise OutputPathError. ``None``
+    entries (outputs not asked for) are skipped."""
+    from cbo.files import check_output_dir, check_output_file
+
+    for path in files:
+        if path is not None:
+            check_output_file(path, make_parents=make_parents)
+    for path in folders:
+        if path is not None:
+            check_output_dir(path, overwrite=overwrite)
 
 
 def parse_options(items: list[str], what: str = "option") -> dict[str, Any]:

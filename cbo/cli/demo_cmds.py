@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cbo.cli import app
-from cbo.cli.common import console, fail
+from cbo.cli.common import OVERWRITE_HELP, check_outputs, console, fail, plain
 from cbo.errors import CBOError
 
 
@@ -16,6 +16,7 @@ def demo(
     out: Path = typer.Option(Path("demo-output"), "--out", help="Where the pruned model and report.json go."),
     remove: int = typer.Option(8, "--remove", "-m", help="Blocks to remove (of 30)."),
     validate: int = typer.Option(10, "--validate", "-v", help="Low-energy states measured on validation text."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Prune 8 of the 30 blocks of SmolLM2-135M on Austen's novels, validate the top 10, save the model."""
     from cbo.pipeline import prune_depth
@@ -25,6 +26,7 @@ def demo(
         f"calibrated on Austen's novels; the {validate} lowest-energy states are validated on held-out text."
     )
     try:
+        check_outputs(folders=(out,), overwrite=overwrite)
         report = prune_depth("smollm2-135m", remove=remove, top_k=10, validate=validate, progress=True)
         report.save_model(out)
     except CBOError as exc:
@@ -32,7 +34,7 @@ def demo(
     report.print(console)
     t = report.timings
     console.print("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items()))
-    console.print(f"saved the pruned model, its tokenizer and report.json to {out}/")
+    console.print(f"saved the pruned model, its tokenizer and report.json to {plain(out)}/")
     console.print(
-        f"reload it with: cbo.load_pruned({str(out)!r}) or AutoModelForCausalLM.from_pretrained({str(out)!r})"
+        plain(f"reload it with: cbo.load_pruned({str(out)!r}) or AutoModelForCausalLM.from_pretrained({str(out)!r})")
     )

@@ -54,6 +54,9 @@ def eval_tasks(
 
         if limit is not None and (limit <= 0 or (limit >= 1 and limit != int(limit))):
             raise DataError(f"--limit {limit} must be a whole number of items or a fraction in (0, 1)")
+        from cbo.cli.common import check_outputs
+
+        check_outputs((output,))
         names = parse_tasks(tasks)
         manager = task_manager(names, include_path)  # unknown names fail before the model is loaded
         if not quiet:

@@ -9,7 +9,19 @@ from typing import Any, Optional
 import typer
 
 from cbo.cli import app
-from cbo.cli.common import MODEL_HELP, TEXT_HELP, console, fail, parse_blocks, parse_options, say
+from cbo.cli.common import (
+    MODEL_HELP,
+    OVERWRITE_HELP,
+    TEXT_HELP,
+    check_outputs,
+    console,
+    err_console,
+    fail,
+    parse_blocks,
+    parse_options,
+    plain,
+    say,
+)
 from cbo.errors import CBOError
 
 ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
@@ -38,9 +50,10 @@ def hessian(
     from cbo.pipeline.inputs import cache_dirs
 
     try:
+        check_outputs((output,))
         opts = parse_options(option, "--option")
         say(quiet, f"loading {model} ...")
-        m, tok = load_model(model)
+        m, tok = load_model(model, quiet=quiet)
         say(quiet, "cutting calibration windows ...")
         splits = make_splits(
             tok, text, seq_len=seq_len, n_calibration=n_calibration, n_validation=0, n_test=0, seed=seed, model=m
@@ -62,17 +75,19 @@ def hessian(
         qubo.save(output)
     except CBOError as exc:
         fail(exc)
+    except KeyboardInterrupt:
+        interrupted(cache)
     md = qubo.metadata
     lin = qubo.linear
     order = lin.argsort()
     console.print(
-        f"wrote {output}: {qubo.n} {md['granularity']} blocks, {md['estimator']}/{md['loss']}, "
+        f"wrote {plain(output)}: {qubo.n} {md['granularity']} blocks, {md['estimator']}/{md['loss']}, "
         f"{md['n_tokens']} tokens, {md['wall_time_s']:.1f} s"
     )
     console.print(
         "cheapest single removals: "
-        + ", ".join(f"{qubo.names[i]} ({lin[i]:.3g})" for i in order[: min(5, qubo.n)])
-        + f"; most expensive: {qubo.names[order[-1]]} ({lin[order[-1]]:.3g})"
+        + ", ".join(f"{plain(qubo.names[i])} ({lin[i]:.3g})" for i in order[: min(5, qubo.n)])
+        + f"; most expensive: {plain(qubo.names[order[-1]])} ({lin[order[-1]]:.3g})"
     )
 
 
@@ -97,6 +112,7 @@ def prune(
     option: list[str] = typer.Option([], "--option", help="Estimator option KEY=VALUE, e.g. couplings=raw."),
     cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse/store Hessians under CBO_HOME/cache."),
     out: Optional[Path] = typer.Option(None, "--out", help="Save the pruned model, tokenizer and report.json here."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     plots: Optional[Path] = typer.Option(
         None, "--plots", help="Write spectrum, removal map, Hamming, energy-vs-KL and coupling plots here."
     ),
@@ -116,6 +132,10 @@ def prune(
     """
     from cbo.pipeline import prune_depth
 
+    try:
+        check_outputs(folders=(out, plots), overwrite=overwrite)
+    except CBOError as exc:
+        fail(exc)
     if width is not None or ratio is not None:
         if remove is not None:
             fail(
@@ -157,8 +177,14 @@ def prune(
         if out is not None:
             report.save_model(out)
         written = _write_plots(report, plots) if plots is not None else []
+        if written:
+            from cbo.files import record_written
+
+            record_written(plots, written)
     except CBOError as exc:
         fail(exc)
+    except KeyboardInterrupt:
+        interrupted(cache)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1))
     else:
@@ -168,9 +194,24 @@ def prune(
             "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if k != "total") + f" (total {t['total']:.1f}s)"
         )
         if out is not None:
-            console.print(f"saved the pruned model and report.json to {out}")
+            console.print(f"saved the pruned model and report.json to {plain(out)}")
         if written:
-            console.print(f"wrote {len(written)} plots to {plots}")
+            console.print(f"wrote {len(written)} plots to {plain(plots)}")
+
+
+def interrupted(cache: bool) -> None:
+    """Ctrl-C in ``cbo prune`` or ``cbo hessian``: say what is kept and how to resume, then exit with status 130."""
+    from cbo.pipeline.inputs import cache_dirs
+
+    if cache:
+        folder = cache_dirs(True)[0].parent
+        err_console.print(
+            f"[yellow]interrupted: the finished work (Hessian batches in a checkpoint, measured removals) is kept in "
+            f"{plain(folder)}; run the same command again to resume from it.[/]"
+        )
+    else:
+        err_console.print("[yellow]interrupted: nothing is kept (--no-cache); a rerun starts over.[/]")
+    raise typer.Exit(130)
 
 
 def _write_plots(report: Any, directory: Path) -> list[Path]:
@@ -232,7 +273,7 @@ def _prune_width(
         return
     console.print(report.table())
     if out is not None:
-        console.print(f"saved to {out} (load with cbo.load_pruned)")
+        console.print(f"saved to {plain(out)} (load with cbo.load_pruned)")
 
 
 @app.command()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -13,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
-from cbo.cli.common import console, err_console, fail, parse_blocks, parse_options
+from cbo.cli.common import check_outputs, console, err_console, fail, parse_blocks, parse_options, plain
 from cbo.errors import CBOError
 from cbo.qubo import BlockQUBO
 from cbo.states import RankedStates
@@ -34,7 +33,7 @@ def states_table(states: RankedStates, extra: Optional[dict[str, list]] = None, 
     for name in extra or {}:
         table.add_column(name, justify="right", no_wrap=True)
     for s in states:
-        row = [str(s.rank), ", ".join(map(str, s.removed)), f"{s.energy:.6g}", f"{s.gap:.4g}", str(s.hamming)]
+        row = [str(s.rank), plain(", ".join(map(str, s.removed))), f"{s.energy:.6g}", f"{s.gap:.4g}", str(s.hamming)]
         for values in (extra or {}).values():
             v = values[s.rank] if s.rank < len(values) else None
             row.append("" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)))
@@ -87,10 +86,7 @@ def solve(
     from cbo.solvers import solve as run_solve
 
     try:
-        if out is not None:
-            check_writable(out)
-        if plot is not None:
-            check_writable(plot)
+        check_outputs((out, plot))
         qubo = BlockQUBO.load(file)
         opts = parse_options(option, "--option")
         c = qubo.constraints
@@ -127,17 +123,6 @@ def solve(
         raise typer.Exit(130)
 
 
-def check_writable(path: Path) -> None:
-    """CBOError unless ``path`` can be written (its folder exists and is writable, and it is no folder)."""
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise CBOError(f"cannot write {path}: it is a folder; give a file name.")
-    if not folder.is_dir():
-        raise CBOError(f"cannot write {path}: the folder {folder} does not exist.")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise CBOError(f"cannot write {path}: permission denied.")
-
-
 @app.command()
 def solvers() -> None:
     """List the solvers, whether each can run here, and why not."""
@@ -163,7 +148,7 @@ def qubo_info(file: Path = typer.Argument(..., help="QUBO file.")) -> None:
         q = BlockQUBO.load(file)
     except CBOError as exc:
         fail(exc)
-    console.print(repr(q))
+    console.print(plain(repr(q)))
     off = q.H[~np.eye(q.n, dtype=bool)]
     lin = q.linear
     console.print(
@@ -173,12 +158,12 @@ def qubo_info(file: Path = typer.Argument(..., help="QUBO file.")) -> None:
         console.print(f"couplings: min {off.min():.4g}  max {off.max():.4g}  negative {100 * (off < 0).mean():.1f}%")
     console.print(f"eigenvalues of H: min {np.linalg.eigvalsh(q.H).min():.4g}")
     if q.metadata:
-        console.print("metadata: " + json.dumps(q.metadata, sort_keys=True)[:2000])
+        console.print(plain("metadata: " + json.dumps(q.metadata, sort_keys=True)[:2000]))
     table = Table(title="blocks")
     for col in ("i", "name", "kind", "params", "linear"):
         table.add_column(col)
     for i in range(q.n):
-        table.add_row(str(i), q.names[i], q.kinds[i], str(int(q.sizes[i])), f"{lin[i]:.4g}")
+        table.add_row(str(i), plain(q.names[i]), plain(q.kinds[i]), str(int(q.sizes[i])), f"{lin[i]:.4g}")
     console.print(table)
 
 
@@ -194,8 +179,9 @@ def qubo_random(
     from cbo.instances import random_block_qubo
 
     try:
+        check_outputs((output,))
         q = random_block_qubo(n, seed, rank=rank, heavy_ends=heavy_ends)
         q.save(output)
     except CBOError as exc:
         fail(exc)
-    console.print(f"wrote {output} ({q!r})")
+    console.print(plain(f"wrote {output} ({q!r})"))

@@ -66,7 +66,9 @@ def convert(
     gguf: Path = typer.Argument(..., help="The .gguf file to convert (any architecture transformers reads)."),
     output: Path = typer.Option(..., "--output", "-o", help="Folder to write the Hugging Face model into."),
     dtype: str = typer.Option("float32", "--dtype", help=f"Weights of the saved model: {' | '.join(DTYPES)}."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty output folder."),
+    force: bool = typer.Option(
+        False, "--overwrite", "--force", help="Write into a non-empty output folder (files of other names are kept)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the result line."),
 ) -> None:
     """Convert a GGUF file into a plain Hugging Face folder (dequantized weights; loads with from_pretrained)."""
@@ -77,6 +79,9 @@ def convert(
     try:
         if dtype not in DTYPES:
             raise InvalidOptionError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        from cbo.cli.common import check_outputs
+
+        check_outputs(folders=(output,), overwrite=force)
         import torch
 
         from cbo.convert import MANIFEST, convert_gguf

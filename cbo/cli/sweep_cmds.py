@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
-from cbo.cli.common import console, err_console, fail
+from cbo.cli.common import check_outputs, console, err_console, fail
 from cbo.errors import CBOError
 
 
@@ -78,6 +78,7 @@ def sweep(
     from cbo.sweep import make_grid, results_table, run_sweep, write_table
 
     try:
+        check_outputs((out, table or out.with_suffix(".csv")), make_parents=True)
         cells = make_grid(
             instance,
             _names(solver),
@@ -108,7 +109,7 @@ def sweep(
         raise typer.Exit(130) from None
     if quiet:
         return
-    view = Table(title=f"sweep: {before} cells, results in {path}")
+    view = Table(title=escape(f"sweep: {before} cells, results in {path}"))
     cols = ("instance", "remove", "solver", "seed", "wall_time_s", "gap", "top10_recall", "distinct_states", "status")
     for col in cols:
         view.add_column(col, justify="left" if col in ("instance", "solver", "status") else "right")

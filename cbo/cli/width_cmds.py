@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from cbo.cli import app
-from cbo.cli.common import console, fail, parse_options
+from cbo.cli.common import OVERWRITE_HELP, check_outputs, console, fail, parse_options, plain
 from cbo.errors import CBOError
 
 
@@ -31,6 +31,7 @@ def compress(
     ),
     depth_share: float = typer.Option(0.5, help="One-shot with depth: share of the budget removed as whole layers."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the compressed model and report.json here."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     text: Optional[str] = typer.Option(None, "--text", help="Text file/folder/.jsonl (default: the Austen novels)."),
     seq_len: int = typer.Option(128, help="Tokens per window."),
     n_calibration: int = typer.Option(32, help="Calibration windows."),
@@ -57,16 +58,17 @@ def compress(
 
     # the options are named as compress() names them, except --json (here), --speed and --option
     options = dict(ctx.params)
-    del options["json_out"]
+    del options["json_out"], options["overwrite"]
     options["measure_speed"] = options.pop("speed")
     try:
+        check_outputs((json_out,), (out,), overwrite=overwrite)
         options["score_options"] = parse_options(options.pop("option"), "score option")
         report = run(tokenizer=None, progress=True, **options)
     except CBOError as exc:
         fail(exc)
     report.print(console)
     if out is not None:
-        console.print(f"saved to {out} (load with cbo.load_pruned)")
+        console.print(f"saved to {plain(out)} (load with cbo.load_pruned)")
     if json_out is not None:
         report.save(json_out)
 
@@ -84,7 +86,7 @@ def widths(folder: Path = typer.Argument(..., help="A saved (pruned) model folde
         fail(exc)
     removed = getattr(model.config, "cbo_removed_layers", None) or []
     original = getattr(model.config, "cbo_original_layers", None) or list(range(len(rows)))
-    table = Table(title=f"{folder} ({len(rows)} layers; removed: {removed or 'none'})")
+    table = Table(title=plain(f"{folder} ({len(rows)} layers; removed: {removed or 'none'})"))
     for col in ("layer", "original", "heads", "kv heads", "head dim", "MLP width"):
         table.add_column(col, justify="right")
     for i, w in enumerate(rows):

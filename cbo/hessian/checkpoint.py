@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from cbo.files import atomic_write_bytes
 
 _FORMAT = "cbo.hessian-checkpoint"
 
@@ -24,16 +25,6 @@ def ensure_writable_dir(path: str | Path, purpose: str) -> Path:
     from cbo.models import writable_dir
 
     return writable_dir(path, purpose)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 class Checkpoint:

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -17,7 +18,7 @@ from cbo.errors import CorruptFileError, DataError, InvalidOptionError
 from cbo.forward import input_device
 from cbo.hessian.base import ESTIMATORS, Run
 from cbo.hessian.checkpoint import Checkpoint, ensure_writable_dir
-from cbo.hessian.fingerprint import model_fingerprint
+from cbo.hessian.fingerprint import cache_mismatch, model_fingerprint
 from cbo.hessian.gates import Gates, resolve_blocks
 from cbo.hessian.losses import check_loss
 from cbo.progress import progress_bar
@@ -152,11 +153,9 @@ def estimate_hessian(
     cache_path = None
     if cache_dir is not None:
         cache_path = ensure_writable_dir(cache_dir, "cache") / f"hessian-{cls.name}-{loss}-{key[:24]}.cboq"
-        if cache_path.exists():
-            try:
-                return BlockQUBO.load(cache_path)
-            except CorruptFileError:
-                cache_path.unlink()
+        cached = cached_qubo(cache_path, identity, key)
+        if cached is not None:
+            return cached
     ckpt_dir = checkpoint if checkpoint is not None else cache_dir
     ckpt = Checkpoint(ckpt_dir, key) if ckpt_dir is not None else None
     info = {"estimator": cls.name, "loss": loss, "n_batches": n_batches}
@@ -171,7 +170,7 @@ def estimate_hessian(
         start = 0
         if ckpt is not None:
             loaded = ckpt.load()
-            if loaded is not None and set(loaded[0]) == set(state):
+            if loaded is not None and same_layout(loaded[0], state, ckpt.path):
                 state, start = loaded
             run.save_partial = PartialSaver(ckpt, run, info)
         units = est.units_per_batch()
@@ -213,6 +212,7 @@ def estimate_hessian(
         "options": options_json,
         "batch_size": batch_size,
         "seed": seed,
+        "cache_key": key,
         "wall_time_s": round(wall, 3),
         "resumed_from_batch": start,
         "energy": "E(x) = 0.5 x^T H x - g.x, x_i = 1 removes block i",
@@ -235,6 +235,34 @@ def estimate_hessian(
     if ckpt is not None:
         ckpt.delete()
     return qubo
+
+
+def cached_qubo(path: Path, identity: dict[str, Any], key: str) -> BlockQUBO | None:
+    """The QUBO cached at ``path`` for this run, or None (no file; or a damaged file, or one whose record says it
+    is another run's, each with a warning naming the file: it is recomputed and replaced, never used)."""
+    if not path.exists():
+        return None
+    try:
+        qubo = BlockQUBO.load(path)
+    except CorruptFileError as exc:
+        warnings.warn(f"ignoring the damaged cached Hessian {str(path)!r} ({exc}); recomputing it.", stacklevel=3)
+        return None
+    why = cache_mismatch(qubo.metadata, qubo.names, identity, key)
+    if why is not None:
+        warnings.warn(
+            f"ignoring the cached Hessian {str(path)!r}: it is not this run's result ({why}); recomputing it.",
+            stacklevel=3,
+        )
+        return None
+    return qubo
+
+
+def same_layout(loaded: dict[str, np.ndarray], state: dict[str, np.ndarray], path: Path) -> bool:
+    """True when a checkpoint's accumulators have the names and shapes of this run's (else a warning)."""
+    same = set(loaded) == set(state) and all(np.shape(loaded[k]) == np.shape(state[k]) for k in state)
+    if not same:
+        warnings.warn(f"checkpoint {str(path)!r} does not fit this run's accumulators; starting over.", stacklevel=3)
+    return same
 
 
 def batch_work(run: Run) -> np.ndarray:

@@ -92,3 +92,39 @@ def _offloaded_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                     except KeyError:
                         continue
     return out
+
+
+def cache_mismatch(metadata: dict, names: list[str], identity: dict, key: str) -> str | None:
+    """Why a cached QUBO is not the result of the run ``identity`` describes (None when it is).
+
+    A file at a cache path claims to be the run of that key; it is trusted only when its own record agrees:
+    the run key (files written since it was recorded), and the model fingerprint, data hash, estimator, loss,
+    block names, options, batch size and seed.
+    """
+    if "cache_key" in metadata and metadata["cache_key"] != key:
+        return "its run key differs"
+    expected = {
+        "model_fingerprint": identity["model"],
+        "data_hash": identity["data"],
+        "estimator": identity["estimator"],
+        "loss": identity["loss"],
+        "options": identity["options"],
+        "batch_size": identity["batch_size"],
+        "seed": identity["seed"],
+    }
+    if list(names) != list(identity["blocks"]):
+        return f"its blocks are {_short(list(names))}, not {_short(list(identity['blocks']))}"
+    for field, want in expected.items():
+        have = metadata.get(field)
+        if _canonical(have) != _canonical(want):
+            return f"its {field} is {_short(have)}, not {_short(want)}"
+    return None
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _short(value: object) -> str:
+    text = _canonical(value)
+    return text if len(text) <= 80 else text[:77] + "..."

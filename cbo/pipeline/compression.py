@@ -253,7 +253,7 @@ def compress(
     )
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
-    model, tokenizer, name = model_and_tokenizer(model, tokenizer)
+    model, tokenizer, name = model_and_tokenizer(model, tokenizer, quiet=not progress)
     splits = token_splits(
         splits,
         tokenizer,

@@ -136,7 +136,9 @@ def prune_depth(
             raise CBOError(f"{label} must be an integer >= {least}, got {v!r}.")
 
     t = time.perf_counter()
-    model, tokenizer, model_label = model_and_tokenizer(model, tokenizer, dtype=dtype, device=device)
+    model, tokenizer, model_label = model_and_tokenizer(
+        model, tokenizer, dtype=dtype, device=device, quiet=not progress
+    )
     timings["load"] = time.perf_counter() - t
 
     blocks = find_blocks(model, granularity)

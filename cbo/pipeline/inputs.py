@@ -10,14 +10,17 @@ from typing import Any
 from cbo.errors import DataError, ModelError
 
 
-def model_and_tokenizer(model: Any, tokenizer: Any = None, *, dtype: Any = None, device: Any = "cpu") -> tuple:
+def model_and_tokenizer(
+    model: Any, tokenizer: Any = None, *, dtype: Any = None, device: Any = "cpu", quiet: bool = False
+) -> tuple:
     """``(model, tokenizer, label)``: a name or folder loaded with :func:`cbo.models.load_model` (its tokenizer
-    unless one is given), or a loaded model as it is; ``label`` names the model in reports."""
+    unless one is given; ``quiet``: without transformers' loading bar), or a loaded model as it is; ``label``
+    names the model in reports."""
     if isinstance(model, (str, os.PathLike)):
         from cbo.models import load_model
 
         label = str(model)
-        model, loaded = load_model(model, dtype=dtype, device=device)
+        model, loaded = load_model(model, dtype=dtype, device=device, quiet=quiet)
         return model, tokenizer if tokenizer is not None else loaded, label
     if not hasattr(model, "forward"):
         raise ModelError(f"model must be a name, a folder or a loaded causal LM, got {type(model).__name__}.")

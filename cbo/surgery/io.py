@@ -9,8 +9,10 @@ rebuilds the modules with those shapes before the weights are loaded, so the log
 Loading routes:
 
 * ``cbo.load_pruned(path)`` — always works (removed layers, zeroed sublayers, widths, any mix).
-* Plain transformers, layer removal only: ``AutoModelForCausalLM.from_pretrained(path)``; with zeroed sublayers
-  it rebuilds the removed halves with missing weights, which ``load_pruned`` replaces by zero modules.
+* Plain transformers, layer removal and zeroed sublayers: ``AutoModelForCausalLM.from_pretrained(path)``. A zeroed
+  half is saved as its output projection of zeros (:func:`zeroed_output_projections`): plain transformers
+  rebuilds the half with freshly initialised input weights (it warns they are missing) whose output is exactly
+  zero, so the logits equal the pruned model's; ``load_pruned`` replaces the half by a zero module again.
 * Plain transformers, per-layer widths: ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
   The folder carries a three-line ``modeling_cbo_pruned.py`` (registered in ``auto_map``) that subclasses the
   model's own class and reshapes its layers from the config; it imports ``cbo``, so the cbo package must be
@@ -24,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -31,10 +34,11 @@ from typing import Any
 
 from cbo.errors import CorruptFileError, ModelError
 from cbo.extras import require
+from cbo.files import PRUNED_FORMAT_KEY
 from cbo.surgery.depth import ZEROED_KEY, restore_zeroed_sublayers, text_config_of
 
 WIDTHS_KEY = "cbo_layer_widths"
-FORMAT_KEY = "cbo_pruned_format"
+FORMAT_KEY = PRUNED_FORMAT_KEY
 FORMAT_VERSION = 1
 REMOTE_FILE = "modeling_cbo_pruned.py"
 REMOTE_CLASS = "CBOPrunedForCausalLM"
@@ -131,6 +135,9 @@ def _causal_lm_class(config: Any) -> type:
 def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kwargs: Any) -> Path:
     """Save a model pruned by depth and/or width so that :func:`load_pruned` rebuilds it exactly.
 
+    The folder is written through a staging folder beside it (:func:`cbo.files.output_folder`): files of other
+    names already in ``path`` are kept, and an interrupted save leaves ``path`` as it was.
+
     Args:
         model: a (pruned) Hugging Face causal LM.
         path: output folder (created).
@@ -140,6 +147,68 @@ def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kw
     Returns:
         The folder.
     """
+    from cbo.files import output_folder
+
+    with output_folder(path) as staging:
+        write_pruned_folder(model, staging, tokenizer, **kwargs)
+    return Path(path).expanduser()
+
+
+def zeroed_output_projections(model: Any) -> dict[str, Any]:
+    """Zero weights for the output projection (``o_proj``, ``down_proj``, ...) of every zeroed half, by the
+    state-dict name the unpruned architecture gives it.
+
+    Saved with the model, they make plain ``AutoModelForCausalLM.from_pretrained`` compute what the pruned model
+    computes: it rebuilds a zeroed half with freshly initialised input weights (and warns that they are missing),
+    but the half's output, its output projection applied to them, is exactly zero. Empty when no half is zeroed
+    or the layers are reshaped (that folder loads through the remote-code class, which zeroes the halves itself).
+    """
+    from cbo.blocks import decoder_layers, layer_parts
+    from cbo.structures import attention_structure, mlp_structure
+
+    zeroed = getattr(text_config_of(model.config), ZEROED_KEY, None) or []
+    widths = recorded_widths(model.config)
+    if not zeroed or (widths and not _uniform_with_config(widths, model.config)):
+        return {}
+    torch = require("torch", "saving a pruned model")
+    config = copy.deepcopy(model.config)
+    with torch.device("meta"):
+        reference = type(model)(config)  # the unpruned layout of the current layers, without memory
+    layers, layers_path = decoder_layers(reference)
+    dtype = next(model.parameters()).dtype
+    out: dict[str, Any] = {}
+    for layer, part in zeroed:
+        parts = layer_parts(layers[int(layer)], reference)
+        name = parts["attn_name"] if part == "attn" else parts["mlp_name"]
+        half = parts["attn"] if part == "attn" else parts["mlp"]
+        try:
+            if part == "attn":
+                structure = attention_structure(int(layer), half, reference, prefix=name)
+            else:
+                structure = mlp_structure(int(layer), half, prefix=name)
+            slot = structure.output_projection()
+            module, module_name = slot.module, slot.name.rsplit(".", 1)[0]
+        except ModelError:  # a layout without a known output projection: all its weights zero give zero too
+            module, module_name = half, name
+        prefix = f"{layers_path}.{int(layer)}.{module_name}"
+        for pname, p in module.named_parameters():
+            out[f"{prefix}.{pname}"] = torch.zeros(p.shape, dtype=dtype)
+    return out
+
+
+def save_kwargs_with_zeroed_projections(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``save_pretrained`` keyword arguments whose state dict also holds :func:`zeroed_output_projections`."""
+    zeros = zeroed_output_projections(model)
+    if not zeros:
+        return kwargs
+    state = dict(kwargs.get("state_dict") or model.state_dict())
+    for name, tensor in zeros.items():
+        state.setdefault(name, tensor)
+    return {**kwargs, "state_dict": state}
+
+
+def write_pruned_folder(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kwargs: Any) -> Path:
+    """:func:`save_pruned`'s writing, into ``path`` itself."""
     from cbo.structures import layer_widths
 
     path = Path(path)
@@ -148,7 +217,7 @@ def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kw
         widths = layer_widths(model)
     except ModelError:
         widths = None  # a layout width pruning does not handle: nothing width-pruned to record
-    model.save_pretrained(path, **kwargs)
+    model.save_pretrained(path, **save_kwargs_with_zeroed_projections(model, kwargs))
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(path)
     config_file = path / "config.json"

@@ -239,3 +239,68 @@ def test_pairwise_interrupted_inside_a_batch_resumes_where_it_stopped(tiny_model
     assert resumed.metadata["resumed_from_batch"] == 1
     np.testing.assert_allclose(resumed.H, whole.H, rtol=1e-12, atol=1e-12)
     assert not list(ckpt.glob("*.ckpt.npz"))
+
+
+def test_a_poisoned_cache_file_is_not_used(tiny_model, tiny_windows, tmp_path):
+    """A QUBO of another model copied over the cache path, or a damaged file there, is recomputed with a warning
+    naming the file; the recomputed result replaces it."""
+    from cbo.instances import random_block_qubo
+
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=10)
+    kw = dict(estimator="fisher", loss="kl", batch_size=2, progress=False, cache_dir=tmp_path)
+    reference = estimate_hessian(model, None, windows, **kw)
+    (path,) = tmp_path.glob("*.cboq")
+    poisons = {
+        "a synthetic QUBO of another size": random_block_qubo(5, 0),
+        "a QUBO with the right blocks but another model": BlockQUBOWith(
+            reference, model_fingerprint="0" * 16, cache_key=None
+        ),
+        "a QUBO whose record names another run": BlockQUBOWith(reference, cache_key="f" * 64),
+    }
+    for label, poison in poisons.items():
+        poison.save(path)
+        with pytest.warns(UserWarning, match=f"ignoring the cached Hessian '{path}'.*recomputing") as record:
+            q = estimate_hessian(model, None, windows, **kw)
+        assert len(record) >= 1, label
+        np.testing.assert_array_equal(q.H, reference.H)
+        assert q.metadata["cache_key"] == reference.metadata["cache_key"]
+        again = estimate_hessian(model, None, windows, callback=_must_not_run, **kw)  # replaced: used again
+        np.testing.assert_array_equal(again.H, reference.H)
+    path.write_bytes(path.read_bytes()[:100])  # damaged
+    with pytest.warns(UserWarning, match="ignoring the damaged cached Hessian"):
+        q = estimate_hessian(model, None, windows, **kw)
+    np.testing.assert_array_equal(q.H, reference.H)
+
+
+def _must_not_run(b, state):
+    raise AssertionError("the cached result should have been used")
+
+
+def BlockQUBOWith(qubo, **metadata):
+    """A copy of ``qubo`` whose metadata entries are replaced (None removes one)."""
+    from cbo.qubo import BlockQUBO
+
+    meta = {**qubo.metadata, **{k: v for k, v in metadata.items() if v is not None}}
+    for k, v in metadata.items():
+        if v is None:
+            meta.pop(k, None)
+    return BlockQUBO(qubo.H, qubo.g, names=qubo.names, kinds=qubo.kinds, sizes=qubo.sizes, metadata=meta)
+
+
+def test_a_checkpoint_with_other_shapes_is_ignored(tiny_model, tiny_windows, tmp_path):
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=10)
+    kw = dict(estimator="fisher", loss="kl", batch_size=2, progress=False, checkpoint=tmp_path)
+    whole = estimate_hessian(model, None, windows, estimator="fisher", loss="kl", batch_size=2, progress=False)
+    with pytest.raises(Interrupt):
+        estimate_hessian(model, None, windows, callback=_stop_after(0), **kw)
+    (path,) = tmp_path.glob("*.ckpt.npz")
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    data = {k: (np.zeros((7, 7)) if k.startswith("state__") and k != "state___work" else v) for k, v in data.items()}
+    np.savez(path, **data)
+    with pytest.warns(UserWarning, match="does not fit"):
+        q = estimate_hessian(model, None, windows, **kw)
+    assert q.metadata["resumed_from_batch"] == 0
+    np.testing.assert_array_equal(q.H, whole.H)

@@ -274,3 +274,34 @@ def test_small_kl_under_large_logits_and_a_large_vocabulary_is_exact_to_rounding
     assert kl.max() < 0.01  # the case: a small divergence
     np.testing.assert_allclose(out.kl[0], kl, rtol=1e-2, atol=1e-5)
     np.testing.assert_allclose(out.ce[0], ce, rtol=1e-5)
+
+
+def test_a_poisoned_measurement_file_is_not_used(tiny_model, tiny_windows, tmp_path):
+    """Another batch's file copied over this batch's path, or values of the wrong shape or blocks, are ignored
+    with a warning naming the file and measured again (the measured values equal an uncached run's)."""
+    import io
+    import json
+
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=2, seq_len=8)
+    other_windows = tiny_windows(model, n=2, seq_len=8, seed=5)
+    blocks = find_blocks(model)
+    truth = Measurer(model, blocks, windows).losses([(1,)])
+    cache = MeasureCache(tmp_path, model, blocks)
+    Measurer(model, blocks, other_windows, cache=cache).losses([(1,)])
+    path = cache.batch(windows).path
+    cache.batch(other_windows).path.replace(path)  # a file of another batch at this batch's path
+
+    def legacy(sets, shape):
+        buf = io.BytesIO()
+        raw = np.frombuffer(json.dumps(sets).encode(), dtype=np.uint8)
+        np.savez(buf, sets=raw, kl=np.full(shape, 0.5, np.float32), ce=np.full(shape, 3.0, np.float32))
+        return buf.getvalue()
+
+    poisons = {"records the key": path.read_bytes(), "shape": legacy([[1]], (1, 5)), "outside": legacy([[9]], (1, 2))}
+    for why, content in poisons.items():
+        path.write_bytes(content)
+        with pytest.warns(UserWarning, match=f"ignoring the measurement cache file '{path}': .*{why}"):
+            out = Measurer(model, blocks, windows, cache=MeasureCache(tmp_path, model, blocks)).losses([(1,)])
+        np.testing.assert_allclose(out.kl, truth.kl, rtol=1e-6)
+        np.testing.assert_allclose(out.ce, truth.ce, rtol=1e-6)

@@ -120,3 +120,45 @@ def test_one_save_route_and_one_load_route_for_depth_sublayer_and_width(arch, tm
         loaded = load_pruned(save_pruned(pruned, tmp_path / name))
         assert not loaded.training
         assert torch.equal(_logits(loaded, windows), _logits(pruned, windows)), name
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2", "gpt_neox", "olmo2"])
+def test_sublayer_folder_loads_with_plain_transformers(arch, tmp_path):
+    """A folder with zeroed halves gives the load_pruned logits through plain from_pretrained too."""
+    import transformers as tf
+
+    model = build_tiny_model(arch, n_layers=4)
+    windows = random_token_windows(model, n=2, seq_len=10)
+    pruned = remove_sublayers(remove_blocks(model, [1]), [(0, "attn"), (2, "mlp"), (1, "attn")])
+    folder = save_pruned(pruned, tmp_path / "m")
+    reference = _logits(load_pruned(folder), windows)
+    assert torch.equal(reference, _logits(pruned, windows))
+    plain = tf.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert torch.equal(_logits(plain, windows), reference)
+    # and the half really is computed by the standard modules (not silently replaced): its input weights exist
+    assert not any(type(m).__name__.startswith("Zero") for m in plain.modules())
+    prompt = random_token_windows(model, n=1, seq_len=5)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(plain.generate(prompt, **kw), load_pruned(folder).generate(prompt, **kw))
+
+
+def test_save_keeps_foreign_files_and_replaces_only_its_own(tmp_path):
+    """Saving into a folder keeps files CBO did not write; a later save removes only CBO's own stale files."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"not cbo's")
+    model = build_tiny_model("llama", n_layers=2)
+    save_pruned(remove_blocks(model, [0]), folder)
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert (folder / "model-00001-of-00002.safetensors").read_bytes() == b"not cbo's"
+    assert (folder / "model.safetensors").is_file()
+    # a second save that writes fewer files removes the one it wrote before (and nothing else)
+    (folder / "extra-by-cbo.txt").write_text("x")
+    record = json.loads((folder / ".cbo-written.json").read_text())
+    record["files"].append("extra-by-cbo.txt")
+    (folder / ".cbo-written.json").write_text(json.dumps(record))
+    save_pruned(remove_blocks(model, [1]), folder)
+    assert not (folder / "extra-by-cbo.txt").exists()
+    assert (folder / "notes.txt").exists() and (folder / "model-00001-of-00002.safetensors").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".staging")]

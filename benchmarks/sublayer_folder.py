@@ -1,0 +1,93 @@
+"""A sublayer-pruned folder of the default model loaded with plain transformers, against ``cbo.load_pruned``.
+
+Attention and MLP halves are removed (``cbo.surgery.depth.remove_sublayers``), the model is saved twice: with
+``cbo.save_pruned`` (the zeroed halves' output projections saved as zeros) and with bare ``save_pretrained`` (the
+zero modules' missing weights: what plain transformers re-initialises at random). Each folder is loaded with
+``AutoModelForCausalLM.from_pretrained`` and its logits on test windows compared with ``cbo.load_pruned``'s; the
+folder sizes say what the zero projections cost on disk.
+
+    .venv/bin/python -m benchmarks.sublayer_folder --threads 1
+    .venv/bin/python -m benchmarks.sublayer_folder --halves 3.attn,9.mlp --windows 2
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from benchmarks import harness as C
+
+DEFAULT_HALVES = "4.attn,8.attn,12.attn,16.attn,6.mlp,10.mlp,14.mlp,18.mlp"
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = C.parser(__doc__, model=True)
+    p.add_argument("--halves", default=DEFAULT_HALVES, help="removed halves, LAYER.attn or LAYER.mlp, comma-separated")
+    p.add_argument("--windows", type=int, default=4, help="test windows the logits are compared on")
+    p.add_argument("--out", default="benchmarks/results/sublayer_folder.json", help="JSON result file")
+    args = p.parse_args(argv)
+    args.seq_len = args.seq_len or 128
+    C.setup_torch(args.threads)
+
+    import torch
+    import transformers
+
+    from cbo.surgery.depth import remove_sublayers
+    from cbo.surgery.io import load_pruned, save_pruned, zeroed_output_projections
+
+    clock = C.Stopwatch()
+    model, tok, splits = C.load(args, n_calibration=0, n_validation=0, n_test=args.windows)
+    windows = splits.test
+    halves = [(int(h.split(".")[0]), h.split(".")[1]) for h in args.halves.split(",")]
+    pruned = remove_sublayers(model, halves)
+    del model
+    with torch.no_grad():
+        reference = pruned(input_ids=windows).logits
+    zeros = zeroed_output_projections(pruned)
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="cbo-sublayer-") as tmp:
+        for route in ("save_pruned", "save_pretrained"):
+            folder = Path(tmp) / route
+            if route == "save_pruned":
+                save_pruned(pruned, folder, tok)
+            else:
+                pruned.save_pretrained(folder)
+            with torch.no_grad():
+                cbo_logits = load_pruned(folder)(input_ids=windows).logits
+                transformers.utils.logging.set_verbosity_error()
+                plain = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+                plain_logits = plain(input_ids=windows).logits
+            rows[route] = {
+                "folder_mb": round(folder_bytes(folder) / 1e6, 2),
+                "load_pruned_max_abs_diff": float((cbo_logits - reference).abs().max()),
+                "plain_from_pretrained_max_abs_diff": float((plain_logits - reference).abs().max()),
+                "plain_top1_agreement": float((plain_logits.argmax(-1) == reference.argmax(-1)).float().mean()),
+            }
+            del plain
+            print(
+                f"{route:16} folder {rows[route]['folder_mb']:8.2f} MB   max |logit - pruned|: load_pruned "
+                f"{rows[route]['load_pruned_max_abs_diff']:.3g}, plain from_pretrained "
+                f"{rows[route]['plain_from_pretrained_max_abs_diff']:.3g} (top-1 agreement "
+                f"{rows[route]['plain_top1_agreement']:.3f})"
+            )
+    result = {
+        "machine": C.machine(),
+        "command": C.command_line(),
+        "halves": args.halves,
+        "windows": list(windows.shape),
+        "zero_projection_parameters": int(sum(t.numel() for t in zeros.values())),
+        "routes": rows,
+        "wall_time_s": round(clock(), 1),
+        "cpu_time_s": round(clock.cpu(), 1),
+    }
+    print(f"zero output projections saved: {result['zero_projection_parameters'] / 1e6:.2f} M parameters")
+    C.write_json(Path(args.out), result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

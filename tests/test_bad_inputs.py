@@ -1,0 +1,187 @@
+"""Bad input as a new user gives it (the "also" list of issue 18), one row each: every case ends in a clear
+CBOError that names the bad value and the fix, before any long work, or in the warning or behaviour stated.
+
+The rows on the command line run on a tiny model folder (a word-level tokenizer, 128 positions), so they take
+seconds; the long work that must not start is replaced by a function that raises."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import cbo
+from cbo.cli import app, register_commands
+from cbo.data import make_splits
+from cbo.errors import CBOError, DataError, InvalidQUBOError, UnknownSolverError
+from cbo.instances import random_block_qubo
+
+register_commands()
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
+SMALL = ["--seq-len", "16", "--n-calibration", "4", "--n-validation", "2", "--batch-size", "2"]
+
+
+class WorkStarted(Exception):
+    """The long work started although the input was bad."""
+
+
+def _forbid(*args, **kwargs):
+    raise WorkStarted("the long work started before the input was checked")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Llama folder (6 layers, 128 positions) with its tokenizer, and a folder of text for it."""
+    from tiny_models import build_tiny_model
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("bad-inputs")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
+    model = build_tiny_model("llama", n_layers=6, vocab_size=len(vocab))
+    path = root / "tiny-model"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    text = root / "text"
+    text.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        (text / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, 400)))
+    return path, text, model, tok
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "300"})
+
+
+def _subprocess_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300", "OMP_NUM_THREADS": "1"}
+    code = "from cbo.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+# ---------------------------------------------------------------------------------------------- the table
+def row_seq_len_beyond_positions(folder, monkeypatch):
+    """--seq-len beyond the model's positions: a DataError naming both numbers and the option, before work."""
+    path, text, model, tok = folder
+    import cbo.hessian
+    from cbo.hessian import driver
+
+    monkeypatch.setattr(cbo.hessian, "estimate_hessian", _forbid)
+    res = _cli("hessian", str(path), "-o", "unused.cboq", "--text", str(text), "--seq-len", "200", "--no-cache")
+    assert res.exit_code == 2 and not isinstance(res.exception, WorkStarted), res.output
+    assert "seq_len=200" in res.output and "128 positions" in res.output and "--seq-len 128" in res.output
+    with pytest.raises(DataError, match=r"seq_len=129 is beyond the 128 positions"):  # the API, raw windows
+        driver.estimate_hessian(model, None, torch.zeros(2, 129, dtype=torch.long), progress=False)
+    with pytest.raises(DataError, match=r"seq_len=500 .*use --seq-len 128"):
+        make_splits(tok, str(text), seq_len=500, n_calibration=2, n_validation=0, n_test=0, model=model)
+
+
+def row_nul_bytes_warn(folder, monkeypatch):
+    """4000 NUL bytes as text: a warning that names the document and says it looks like binary data."""
+    from cbo.data import load_documents
+
+    with pytest.warns(UserWarning, match=r"'junk' holds 4000 control characters \(4000 NUL\).*binary data"):
+        load_documents([("junk", "\0" * 4000)])
+    with pytest.warns(UserWarning, match="binary data"):
+        load_documents(["ordinary words " * 50 + "\0"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_documents(["Tabs\tand\nnew lines\r\n and form feeds\f are text. " * 40])
+
+
+def row_unknown_solver_before_the_hessian(folder, monkeypatch):
+    """An unknown solver is reported before the Hessian is estimated."""
+    path, text, model, tok = folder
+    import cbo.pipeline.depth
+
+    monkeypatch.setattr(cbo.pipeline.depth, "estimate_hessian", _forbid, raising=False)
+    monkeypatch.setattr(cbo.hessian, "estimate_hessian", _forbid)
+    res = _cli("prune", str(path), "--text", str(text), "--solver", "nope", "--remove", "2", "--no-cache", *SMALL)
+    assert res.exit_code == 2 and not isinstance(res.exception, WorkStarted), res.output
+    assert "'nope'" in res.output and "enumerate" in res.output  # names the value and what would be valid
+    with pytest.raises(UnknownSolverError):
+        cbo.solve(random_block_qubo(6, 0), 2, "nope")
+
+
+def row_huge_values_are_refused(folder, monkeypatch):
+    """Values of 1e308 overflow after symmetrizing: an InvalidQUBOError naming the entry, not inf later."""
+    H = np.zeros((3, 3))
+    H[0, 1] = H[1, 0] = 1e308
+    with pytest.raises(InvalidQUBOError, match="finite|overflow|large"):
+        cbo.BlockQUBO(H * 1.5, np.zeros(3))
+
+
+def row_keep_as_a_scalar_and_a_name(folder, monkeypatch):
+    """keep=3 is one block, and keep="layers.3" is one block name (not read letter by letter)."""
+    names = [f"layers.{i}" for i in range(6)]
+    q = random_block_qubo(6, 0)
+    q = cbo.BlockQUBO(q.H, q.g, names=names)
+    for keep in (3, "layers.3", [3]):
+        states = cbo.solve(q, 5, "enumerate", k=1, keep=keep)
+        assert list(states[0].removed) == [0, 1, 2, 4, 5], keep
+    with pytest.raises(CBOError, match="layers.9"):
+        cbo.solve(q, 2, "enumerate", keep="layers.9")
+
+
+def row_quiet_prints_no_progress(folder, monkeypatch):
+    """`-q` leaves no progress line (no transformers loading bar, no estimator or validation bar) on stderr."""
+    path, text, model, tok = folder
+    res = _subprocess_cli(
+        "prune",
+        str(path),
+        "--text",
+        str(text),
+        "--remove",
+        "2",
+        "--estimator",
+        "fisher",
+        "--top",
+        "2",
+        "--validate",
+        "2",
+        "--no-cache",
+        "-q",
+        *SMALL,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == "", res.stderr
+    assert "removed" in res.stdout.lower() or "layers." in res.stdout, res.stdout
+
+
+def row_ctrl_c_in_prune_says_what_is_kept(folder, monkeypatch, tmp_path):
+    """Ctrl-C during `cbo prune`: exit 130, saying the finished work is kept in the cache and how to resume."""
+    import cbo.pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("CBO_HOME", str(tmp_path / "home[x]"))
+    monkeypatch.setattr(cbo.pipeline, "prune_depth", interrupted)
+    res = _cli("prune", "smollm2-135m", "--remove", "2")
+    assert res.exit_code == 130, res.output
+    assert "kept in" in res.output and str(tmp_path / "home[x]" / "cache") in res.output
+    assert "run the same command again to resume" in res.output
+    res = _cli("prune", "smollm2-135m", "--remove", "2", "--no-cache")
+    assert res.exit_code == 130 and "nothing is kept" in res.output, res.output
+
+
+ROWS = [v for k, v in sorted(globals().items()) if k.startswith("row_")]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.__name__[4:] for r in ROWS])
+def test_bad_input(row, folder, monkeypatch, tmp_path):
+    kwargs = {"tmp_path": tmp_path} if "tmp_path" in row.__code__.co_varnames[: row.__code__.co_argcount] else {}
+    row(folder, monkeypatch, **kwargs)

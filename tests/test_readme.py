@@ -1,0 +1,93 @@
+"""The README's examples run as written: every ``cbo ...`` line names a command and options that exist, and the
+Python example runs end to end on the default model (with smaller window counts, so it takes seconds)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+
+from cbo.cli import app, register_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def code_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def command_lines() -> list[str]:
+    lines = []
+    for block in code_blocks("bash"):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            if line.startswith("cbo "):
+                lines.append(line)
+    return lines
+
+
+def resolve(args: list[str]) -> tuple[Any, list[str]]:
+    """The click command an argument list runs, and the arguments left for it."""
+    register_commands()
+    command = typer.main.get_command(app)
+    while hasattr(command, "list_commands") and args and not args[0].startswith("-"):
+        sub = command.get_command(command.make_context("cbo", [], resilient_parsing=True), args[0])
+        assert sub is not None, f"no command {args[0]!r}"
+        command, args = sub, args[1:]
+    return command, args
+
+
+def test_the_readme_has_examples():
+    assert len(command_lines()) >= 10 and code_blocks("python")
+
+
+@pytest.mark.parametrize("line", command_lines())
+def test_each_command_line_parses(line):
+    """The command exists, each option is one of its options, and click accepts the line as a whole."""
+    command, args = resolve(shlex.split(line)[1:])
+    known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    for token in args:
+        if token.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", token):
+            assert token.split("=")[0] in known, f"{line}: {token} is not an option of `{command.name}`"
+    ctx = command.make_context(command.name, list(args), resilient_parsing=False)  # raises on a bad line
+    assert ctx is not None
+
+
+@pytest.mark.model
+def test_the_python_example_runs(tmp_path, monkeypatch):
+    """The README's Python block, run as written; prune_depth gets smaller window counts (same API)."""
+    import functools
+
+    import cbo
+
+    (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
+    monkeypatch.chdir(tmp_path)
+    small = dict(n_calibration=4, n_validation=4, seq_len=32, progress=False)
+    monkeypatch.setattr(cbo, "prune_depth", functools.partial(cbo.prune_depth, **small), raising=False)
+    for block in code_blocks("python"):
+        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+    folder = tmp_path / "pruned"
+    assert (folder / "config.json").is_file() and (folder / "report.json").is_file()
+    model = cbo.load_pruned(folder)
+    assert model.config.num_hidden_layers == 30 - 8
+
+
+def test_troubleshooting_lists_every_error_type():
+    """Each exception type a user can meet has a row in the README's troubleshooting table."""
+    import inspect
+
+    import cbo.errors
+    from cbo.assets import SourceUnavailableError
+    from cbo.models import CacheDirError
+
+    section = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    types = [c for _, c in inspect.getmembers(cbo.errors, inspect.isclass) if issubclass(c, cbo.errors.CBOError)]
+    for cls in [*types, CacheDirError, SourceUnavailableError]:
+        if cls is cbo.errors.CBOError:
+            continue
+        assert f"`{cls.__name__}`" in section, f"{cls.__name__} is missing from the README's troubleshooting section"
