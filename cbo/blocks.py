@@ -286,6 +286,12 @@ def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
     return blocks
 
 
+def prunable_parameters(model: Any) -> int:
+    """Parameters of the decoder layers: what depth and width pruning can remove (embeddings, the head and the
+    final norm stay). The denominator of a pruning ratio ``of="blocks"``."""
+    return sum(b.n_params for b in find_blocks(model, "layer"))
+
+
 def resolve_keep(keep: Any, blocks: Any) -> list[int]:
     """Sorted indices into ``blocks`` of the blocks never removed.
 

@@ -104,7 +104,14 @@ def prune(
         None, "--width", "-w", help="Width pruning instead of depth: a score (taylor, amp, ntk, afr, magnitude)."
     ),
     ratio: Optional[float] = typer.Option(
-        None, "--ratio", "-r", help="With --width: fraction of the parameters to remove, in (0, 1)."
+        None,
+        "--ratio",
+        "-r",
+        help="With --width: fraction of the parameters to remove, in (0, 1), of the decoder layers' parameters "
+        "(see --ratio-of; the report prints both fractions).",
+    ),
+    ratio_of: str = typer.Option(
+        "blocks", "--ratio-of", help="What --ratio is a fraction of: blocks (the decoder layers) or model (all)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
@@ -126,7 +133,9 @@ def prune(
             )
         if ratio is None:
             fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
-        _prune_width(model, width, ratio, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet)
+        _prune_width(
+            model, width, ratio, ratio_of, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet
+        )
         return
     remove = 8 if remove is None else remove
     try:
@@ -195,6 +204,7 @@ def _prune_width(
     model: str,
     width: Optional[str],
     ratio: float,
+    ratio_of: str,
     text: Optional[Path],
     n_calibration: int,
     n_validation: int,
@@ -208,12 +218,14 @@ def _prune_width(
     from cbo.pipeline import compress
 
     try:
-        say(quiet, f"pruning {ratio:.0%} of the parameters of {model} by width ({width or 'taylor'}) ...")
+        whose = "the decoder layers' parameters" if ratio_of == "blocks" else "all the parameters"
+        say(quiet, f"pruning {ratio:.0%} of {whose} of {model} by width ({width or 'taylor'}) ...")
         report = compress(
             model,
             None,
             text,
             ratio=ratio,
+            ratio_of=ratio_of,
             width=width or "taylor",
             depth="none",
             scheduler="oneshot",

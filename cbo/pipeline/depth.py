@@ -120,7 +120,7 @@ def prune_depth(
         >>> report.pruned_model.config.num_hidden_layers                          # doctest: +SKIP
         22
     """
-    from cbo.blocks import find_blocks, resolve_keep
+    from cbo.blocks import find_blocks, prunable_parameters, resolve_keep
     from cbo.evaluate import count_parameters
     from cbo.hessian import ESTIMATORS
     from cbo.hessian.losses import check_loss
@@ -205,6 +205,7 @@ def prune_depth(
     pruned_metrics = {}
     if measured:
         original_metrics["n_params"] = count_parameters(model)
+        original_metrics["prunable_params"] = prunable_parameters(model)
         pruned_metrics = {**measured[tuple(sorted(chosen_blocks))], "n_params": count_parameters(pruned_model)}
     timings["total"] = time.perf_counter() - t_start
 
