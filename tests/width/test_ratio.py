@@ -65,8 +65,8 @@ def test_cli_prune_width_prints_both_fractions(model, tmp_path, monkeypatch):
     register_commands()
     folder = tmp_path / "tiny"
     model.save_pretrained(folder)
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {chr(33 + i): i for i in range(200)} | {"[UNK]": 200}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -82,7 +82,9 @@ def test_cli_prune_width_prints_both_fractions(model, tmp_path, monkeypatch):
     res = runner.invoke(app, [*args, "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
-    assert report["settings"]["ratio_of"] == "blocks" and report["target_params"] == round(0.25 * report["prunable_before"])
+    assert report["settings"]["ratio_of"] == "blocks" and report["target_params"] == round(
+        0.25 * report["prunable_before"]
+    )
     res = runner.invoke(app, [*args, "--ratio-of", "model", "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
