@@ -56,9 +56,21 @@ def prune_step(args: argparse.Namespace, method: str, folder: Path, env: dict[st
     cmd += ["--n-calibration", str(args.n_calibration), "--n-validation", str(args.n_validation)]
     cmd += ["--seq-len", str(args.seq_len), "--seed", str(args.seed), "--out", str(folder), "--json", "-q"]
     run = timed(cmd, env)
-    report = json_of(run.pop("stdout"))
-    keep = ("chosen_blocks", "chosen_names", "original_metrics", "pruned_metrics", "timings", "validation")
-    return run | {k: report.get(k) for k in keep}
+    run.pop("stdout")
+    return run | report_fields(folder)
+
+
+def report_fields(folder: Path) -> dict:
+    """What the benchmark keeps of the report.json `cbo prune --out` wrote beside the pruned model."""
+    report = json.loads((folder / "report.json").read_text())
+    return {
+        "chosen_blocks": report["chosen"]["removed"],
+        "chosen_names": report["chosen"]["removed_names"],
+        "validation_original": report["original"],
+        "validation_pruned": report["pruned"],
+        "validation": report["validation"],
+        "timings_s": report["timings_s"],
+    }
 
 
 def evaluate_main(args: argparse.Namespace) -> None:
@@ -160,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     folders = {label: models_dir / method for label, method in METHODS.items()}
     for label, method in METHODS.items():
         path = steps_dir / f"prune {label}.json"
-        if path.exists() and (folders[label] / "config.json").exists():
-            result["steps"][f"prune {label}"] = json.loads(path.read_text())
+        if path.exists() and (folders[label] / "report.json").exists():
+            step = json.loads(path.read_text()) | report_fields(folders[label])
+            result["steps"][f"prune {label}"] = step
+            C.write_json(path, step)
             continue
         print(f"pruning with {label} ...", file=sys.stderr, flush=True)
         result["steps"][f"prune {label}"] = step = prune_step(args, method, folders[label], env)

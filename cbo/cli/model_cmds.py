@@ -113,6 +113,14 @@ def prune(
     ratio_of: str = typer.Option(
         "blocks", "--ratio-of", help="What --ratio is a fraction of: blocks (the decoder layers) or model (all)."
     ),
+    tasks: Optional[str] = typer.Option(
+        None,
+        "--tasks",
+        "-t",
+        help="Also evaluate the original and the pruned model on lm-eval tasks, e.g. austen_cloze,austen_choice "
+        "(local, or cached in this lm-eval installation; needs cbo[eval]).",
+    ),
+    tasks_limit: Optional[int] = typer.Option(None, "--tasks-limit", help="Items per task (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
@@ -140,10 +148,20 @@ def prune(
     remove = 8 if remove is None else remove
     try:
         opts = parse_options(option, "--option")
+        loaded, tokenizer, manager = model, None, None
+        if tasks is not None:
+            from cbo.downstream.harness import parse_tasks, task_manager
+            from cbo.models import load_model
+
+            if tasks_limit is not None and tasks_limit < 1:
+                raise CBOError(f"--tasks-limit must be >= 1, got {tasks_limit}.")
+            tasks = parse_tasks(tasks)
+            manager = task_manager(tasks)  # unknown task names fail before any model work
+            loaded, tokenizer = load_model(model, quiet=quiet)  # the original is evaluated after pruning
         say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
         report = prune_depth(
-            model,
-            None,
+            loaded,
+            tokenizer,
             text,
             remove=remove,
             estimator=estimator,
@@ -163,15 +181,27 @@ def prune(
             estimator_options=opts,
             progress=not quiet,
         )
+        report.model_name = model
+        task_results = None
+        if tasks is not None:
+            say(quiet, f"evaluating the original and the pruned model on {', '.join(tasks)} ...")
+            task_results = compare_on_tasks(loaded, report.pruned_model, tokenizer, tasks, tasks_limit, manager, quiet)
         if out is not None:
             report.save_model(out)
+            if task_results is not None:
+                (Path(out) / "tasks.json").write_text(json.dumps(task_results, indent=1) + "\n")
         written = _write_plots(report, plots) if plots is not None else []
     except CBOError as exc:
         fail(exc)
     if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=1))
+        data = report.to_json()
+        if task_results is not None:
+            data["tasks"] = task_results
+        typer.echo(json.dumps(data, indent=1))
     else:
         report.print(console)
+        if task_results is not None:
+            console.print(tasks_table(task_results))
         t = report.timings
         console.print(
             "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if k != "total") + f" (total {t['total']:.1f}s)"
@@ -180,6 +210,41 @@ def prune(
             console.print(f"saved the pruned model and report.json to {out}")
         if written:
             console.print(f"wrote {len(written)} plots to {plots}")
+
+
+def compare_on_tasks(
+    original: Any, pruned: Any, tokenizer: Any, tasks: list[str], limit: int | None, manager: Any, quiet: bool
+) -> dict[str, Any]:
+    """``{"tasks", "limit", "original": {task: metrics}, "pruned": {...}}`` through lm-eval (cbo.downstream)."""
+    from cbo.downstream.harness import evaluate_tasks
+
+    out: dict[str, Any] = {"tasks": tasks, "limit": limit}
+    for label, m in (("original", original), ("pruned", pruned)):
+        out[label] = evaluate_tasks(m, tokenizer, tasks, limit=limit, progress=not quiet, manager=manager)
+    return out
+
+
+def tasks_table(results: dict[str, Any]) -> Any:
+    """A rich table: one row per task and metric, the original's value beside the pruned model's."""
+    from rich.table import Table
+
+    table = Table(title="downstream tasks (lm-eval)")
+    for col, just in (("task", "left"), ("metric", "left"), ("original", "right"), ("pruned", "right"), ("n", "right")):
+        table.add_column(col, justify=just)
+    for task, metrics in results["original"].items():
+        pruned = results["pruned"].get(task, {})
+        for metric, value in metrics.items():
+            if metric.endswith("_stderr") or metric == "n":
+                continue
+            cells = []
+            for v, err in (
+                (value, metrics.get(f"{metric}_stderr")),
+                (pruned.get(metric), pruned.get(f"{metric}_stderr")),
+            ):
+                text = "–" if v is None else f"{v:.4g}"
+                cells.append(text + (f" ± {err:.2g}" if err is not None and err == err else ""))
+            table.add_row(task, metric, *cells, str(int(metrics.get("n", 0))))
+    return table
 
 
 def _write_plots(report: Any, directory: Path) -> list[Path]:
