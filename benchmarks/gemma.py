@@ -92,7 +92,7 @@ def evaluate_main(args: argparse.Namespace) -> None:
     rows = {"original": evaluate(model, test, ref)}
     del model
     for label, folder in zip(args.labels.split(","), args.folders.split(",")):
-        pruned, _ = load_pruned(folder)
+        pruned = load_pruned(folder)
         rows[label] = evaluate(pruned, test, ref) | {"layers": pruned.config.num_hidden_layers}
         del pruned
     out = {"test_windows": list(test.shape), "bos_first": bool(bos is not None and (test[:, 0] == bos).all())}
