@@ -1,5 +1,6 @@
 """Per-kind caps of a hybrid model (attention, MLP and Mamba blocks) and a parameter budget, respected by every
-registered solver: every returned state is feasible, and exact solvers return the brute-force constrained top-K."""
+registered solver: every returned state is feasible (a penalty-form sampler that finds none says so), and exact
+solvers return the brute-force constrained top-K."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from reference import brute_force_topk
 
 from cbo import solve
+from cbo.errors import SolverError
 from cbo.instances import random_block_qubo
 from cbo.qubo import BlockQUBO
 from cbo.solvers import available
@@ -22,6 +24,7 @@ OPTIONS = {
 }
 MAX_N = {"qaoa": 8, "dimod": 12, "cpsat": 12}
 EXACT = ("enumerate", "cpsat", "enumerate-gpu")
+PENALTY_ONLY = ("sa", "tabu", "dimod")
 
 
 def _solvers() -> list:
@@ -40,7 +43,7 @@ def hybrid_instance(n: int, seed: int) -> BlockQUBO:
     rng = np.random.default_rng([n, seed, 7])
     sizes = rng.integers(1, 6, size=n)
     g = base.g.copy()
-    g[[i for i, k in enumerate(kinds) if k == "mamba"]] -= 5.0  # unconstrained, the solver would take every mamba
+    g[[i for i, k in enumerate(kinds) if k == "mamba"]] += 5.0  # E = x·Hx/2 − g·x: unconstrained, every mamba goes
     return BlockQUBO(
         base.H,
         g,
@@ -53,10 +56,16 @@ def hybrid_instance(n: int, seed: int) -> BlockQUBO:
 
 @pytest.mark.parametrize("name", _solvers())
 def test_per_kind_caps_and_budget_hold_for_every_solver(name):
-    n = min(MAX_N.get(name, 12), 12)
+    n = MAX_N.get(name, 10) if name == "qaoa" else 10
     q = hybrid_instance(n, 3)
     M = 3
-    res = solve(q, M, name, k=4, seed=0, **OPTIONS.get(name, {}))
+    try:
+        res = solve(q, M, name, k=4, seed=0, **OPTIONS.get(name, {}))
+    except SolverError as exc:
+        # the penalty-form samplers (sa, tabu, dimod) encode only |x| = M; they drop infeasible samples and, when
+        # none is left, say so and name the solvers that encode the caps; they never return an infeasible state
+        assert name in PENALTY_ONLY and "caps" in str(exc) and "cpsat" in str(exc)
+        return
     assert len(res) >= 1
     kinds = np.array(q.kinds)
     for state in res.states.astype(bool):
