@@ -89,6 +89,12 @@ def prune(
     method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (`cbo estimators` lists them)."),
     granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
     keep: Optional[str] = typer.Option(None, "--keep", help="Blocks never removed, e.g. '0,29'."),
+    max_kind: list[str] = typer.Option(
+        [], "--max-kind", help="At most N removed blocks of a kind, KIND=N (repeatable), e.g. attention=4, mlp=2."
+    ),
+    budget_params: Optional[int] = typer.Option(
+        None, "--budget-params", help="At most this many parameters removed (the solver respects it)."
+    ),
     n_calibration: int = typer.Option(32, help="Calibration windows."),
     n_validation: int = typer.Option(32, help="Validation windows."),
     seq_len: int = typer.Option(128, help="Tokens per window."),
@@ -172,6 +178,8 @@ def prune(
             granularity=granularity,
             method=method,
             keep=parse_blocks(keep) or None,
+            caps=parse_caps(max_kind) or None,
+            budget_params=budget_params,
             seed=seed,
             cache_dir=cache,
             n_calibration=n_calibration,
@@ -210,6 +218,17 @@ def prune(
             console.print(f"saved the pruned model and report.json to {out}")
         if written:
             console.print(f"wrote {len(written)} plots to {plots}")
+
+
+def parse_caps(items: list[str]) -> dict[str, int]:
+    """``["attention=4", "mlp=2"]`` -> ``{"attention": 4, "mlp": 2}``; CBOError naming a malformed item."""
+    caps: dict[str, int] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep or not kind.strip() or not value.strip().isdigit():
+            raise CBOError(f"--max-kind {item!r} must look like KIND=N with N >= 0, e.g. attention=4.")
+        caps[kind.strip()] = int(value)
+    return caps
 
 
 def compare_on_tasks(
