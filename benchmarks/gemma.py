@@ -99,6 +99,28 @@ def evaluate_main(args: argparse.Namespace) -> None:
     print(json.dumps(out | {"rows": rows}, default=str))
 
 
+def memory_main(args: argparse.Namespace) -> None:
+    """The ``memory`` step (in its own process): the measurer on one batch of 8 windows of 128 tokens, the
+    logits over chunks of positions (cbo.head) or, with ``--chunk-bytes`` huge, over every position at once."""
+    import resource
+
+    C.setup_torch(args.threads)
+    import cbo.head
+    from cbo.blocks import find_blocks
+    from cbo.data import make_splits
+    from cbo.hessian.measure import Measurer
+    from cbo.models import load_model
+
+    cbo.head.CHUNK_BYTES = args.chunk_bytes
+    model, tok = load_model(args.model, quiet=True)
+    windows = make_splits(tok, seq_len=128, n_calibration=0, n_validation=8, n_test=0, seed=args.seed).validation
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    measurer = Measurer(model, find_blocks(model), windows, batch_size=8, retain=False)
+    out = measurer.losses([(7, 8, 9, 12)])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"kl": float(out.kl.mean()), "ce": float(out.ce.mean()), "rss_after_load": loaded, "rss": peak}))
+
+
 def markdown(result: dict) -> str:
     steps = result["steps"]
     ev = steps.get("evaluate", {})
@@ -151,12 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=C.REPO / "benchmarks" / "results" / NAME)
     p.add_argument("--models", type=Path, default=C.OUT / NAME, help="where the pruned folders go (not committed)")
     p.add_argument("--step", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--chunk-bytes", type=int, default=128 * 2**20, help=argparse.SUPPRESS)
     p.add_argument("--labels", default="", help=argparse.SUPPRESS)
     p.add_argument("--folders", default="", help=argparse.SUPPRESS)
     C.add_report_arg(p, NAME)
     args = p.parse_args(argv)
     if args.step == "evaluate":
         evaluate_main(args)
+        return 0
+    if args.step == "memory":
+        memory_main(args)
         return 0
     if args.report:
         C.report_only(args.out, NAME, markdown)
