@@ -141,3 +141,37 @@ def build_tiny_moe(arch: str = "mixtral", n_layers: int = 4, seed: int = 0, **ov
         setattr(cfg, key, value)
     torch.manual_seed(seed)
     return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+HYBRID_ARCHS = ("bamba",)  # state-space (Mamba2) and attention layers in one stack
+
+
+def build_tiny_hybrid(arch: str = "bamba", n_layers: int = 4, seed: int = 0, **overrides):
+    """A tiny random hybrid causal LM: Mamba2 mixer layers with attention at the odd indices (eval, float32)."""
+    import torch
+    import transformers as tf
+
+    if arch != "bamba":
+        raise ValueError(f"unknown tiny hybrid architecture {arch!r}; use one of {HYBRID_ARCHS}")
+    cfg = tf.BambaConfig(
+        vocab_size=TINY_VOCAB,
+        initializer_range=0.1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=list(range(1, n_layers, 2)),
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_state=8,
+        mamba_expand=2,
+        mamba_chunk_size=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
