@@ -154,16 +154,18 @@ def prune(
     remove = 8 if remove is None else remove
     try:
         opts = parse_options(option, "--option")
-        loaded, tokenizer, manager = model, None, None
+        from cbo.models import load_model
+
+        manager = None
         if tasks is not None:
             from cbo.downstream.harness import parse_tasks, task_manager
-            from cbo.models import load_model
 
             if tasks_limit is not None and tasks_limit < 1:
                 raise CBOError(f"--tasks-limit must be >= 1, got {tasks_limit}.")
             tasks = parse_tasks(tasks)
             manager = task_manager(tasks)  # unknown task names fail before any model work
-            loaded, tokenizer = load_model(model, quiet=quiet)  # the original is evaluated after pruning
+        # loaded here (quietly with -q; the original is also what --tasks evaluates after pruning)
+        loaded, tokenizer = load_model(model, quiet=quiet)
         say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
         report = prune_depth(
             loaded,

@@ -76,6 +76,15 @@ def test_quiet_prune_with_tasks_prints_no_progress(setup):
         assert stray not in out, stray
 
 
+def test_quiet_prune_prints_the_report_only(setup):
+    folder, text, _, _ = setup
+    res = _invoke(["prune", str(folder), *BASE, "--text", str(text), "-q"])
+    assert res.exit_code == 0, res.output
+    for stray in ("it/s", "%|", "Loading weights", "loading ", "pruning ", "hessian[", "measuring"):
+        assert stray not in res.output, stray
+    assert "chosen" in res.output and "downstream tasks" not in res.output
+
+
 def test_unknown_task_fails_before_pruning(setup):
     folder, text, _, _ = setup
     res = _invoke(["prune", str(folder), *BASE, "--text", str(text), "--tasks", "no_such_task_xyz", "-q"])
