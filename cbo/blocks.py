@@ -64,6 +64,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "qwen3": _LLAMA,
     "gemma": _LLAMA,
     "phi3": _LLAMA,
+    # mixture of experts: the router and all its experts (and a shared expert) form the MLP half, one block
+    "mixtral": _LLAMA,
+    "qwen2_moe": _LLAMA,
+    "qwen3_moe": _LLAMA,
+    "olmoe": _LLAMA,
     "gemma2": _GEMMA,
     "gemma3_text": _GEMMA,
     "gemma3": ArchSpec(
@@ -99,6 +104,10 @@ SUPPORTED = (
     "Gemma 2",
     "Gemma 3",
     "Phi-3",
+    "Mixtral",
+    "Qwen2-MoE",
+    "Qwen3-MoE",
+    "OLMoE",
     "OLMo 2",
     "GPT-2",
     "GPT-NeoX",
@@ -284,6 +293,12 @@ def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
                 )
             )
     return blocks
+
+
+def prunable_parameters(model: Any) -> int:
+    """Parameters of the decoder layers: what depth and width pruning can remove (embeddings, the head and the
+    final norm stay). The denominator of a pruning ratio ``of="blocks"``."""
+    return sum(b.n_params for b in find_blocks(model, "layer"))
 
 
 def resolve_keep(keep: Any, blocks: Any) -> list[int]:

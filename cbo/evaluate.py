@@ -22,14 +22,11 @@ from typing import Any
 from cbo.data import check_windows
 from cbo.errors import DataError
 from cbo.extras import require
-from cbo.forward import input_device, model_logits, window_batches
+from cbo.forward import input_device, window_batches
+from cbo.head import position_logits
 
 torch = require("torch", "evaluation")
 F = torch.nn.functional
-
-
-def _float_logits(model: Any, batch: Any) -> Any:
-    return model_logits(model, batch.to(input_device(model))).float()
 
 
 def _check_ref(windows: Any, ref_logprobs: Any) -> None:
@@ -44,15 +41,20 @@ def reference_logits(model: Any, windows: Any, *, batch_size: int = 8, dtype: An
     """Log-probabilities of the (unpruned) teacher model, ``(B, T, V)`` on the CPU.
 
     Computed once and reused for KL and agreement of every candidate. ``dtype`` (default float32) may be set to
-    bfloat16/float16 to halve the memory of large references; comparisons are always done in float32.
+    bfloat16/float16 to halve the memory of large references; comparisons are always done in float32. The
+    logits are computed a few positions at a time (:mod:`cbo.head`), so the only full-size tensor is the result.
     """
     windows = check_windows(windows, model)
     dtype = torch.float32 if dtype is None else dtype
-    parts = [
-        F.log_softmax(_float_logits(model, batch), dim=-1).to("cpu", dtype)
-        for _, batch in window_batches(windows, batch_size)
-    ]
-    return torch.cat(parts, dim=0)
+    device = input_device(model)
+    out = None
+    for start, batch in window_batches(windows, batch_size):
+        for pos, logits in position_logits(model, batch.to(device)):
+            logp = F.log_softmax(logits.float(), dim=-1).to("cpu", dtype)
+            if out is None:
+                out = torch.empty((*windows.shape, logp.shape[-1]), dtype=dtype)
+            out[start : start + batch.shape[0], pos : pos + logp.shape[1]] = logp
+    return out
 
 
 @torch.no_grad()
@@ -60,19 +62,27 @@ def _scores(model: Any, windows: Any, ref_logprobs: Any | None, batch_size: int)
     windows = check_windows(windows, model)
     if ref_logprobs is not None:
         _check_ref(windows, ref_logprobs)
+    device = input_device(model)
     nll_sum, kl_sum, agree, n_pred, n_pos = 0.0, 0.0, 0, 0, 0
+    t = windows.shape[1]
     for start, batch in window_batches(windows, batch_size):
-        logits = _float_logits(model, batch)
-        logp = F.log_softmax(logits, dim=-1)
-        target = batch[:, 1:].to(logp.device)
-        nll_sum += float(-logp[:, :-1].gather(-1, target.unsqueeze(-1)).sum())
-        n_pred += target.numel()
-        if ref_logprobs is not None:
-            ref = ref_logprobs[start : start + batch.shape[0]].to(logp.device, torch.float32)
-            p_ref = ref.exp()
-            kl_sum += float(torch.where(p_ref > 0, p_ref * (ref - logp), torch.zeros_like(p_ref)).sum())
-            agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
-            n_pos += batch.numel()
+        batch = batch.to(device)
+        rows = slice(start, start + batch.shape[0])
+        # every sum below runs over chunks of positions: the (B, T, V) logits never exist at once
+        for pos, logits in position_logits(model, batch):
+            logp = F.log_softmax(logits.float(), dim=-1)
+            stop = pos + logp.shape[1]
+            predicting = min(stop, t - 1) - pos  # the last position of a window predicts nothing
+            if predicting > 0:
+                target = batch[:, pos + 1 : pos + 1 + predicting].to(logp.device)
+                nll_sum += float(-logp[:, :predicting].gather(-1, target.unsqueeze(-1)).sum())
+                n_pred += target.numel()
+            if ref_logprobs is not None:
+                ref = ref_logprobs[rows, pos:stop].to(logp.device, torch.float32)
+                p_ref = ref.exp()
+                kl_sum += float(torch.where(p_ref > 0, p_ref * (ref - logp), torch.zeros_like(p_ref)).sum())
+                agree += int((ref.argmax(-1) == logp.argmax(-1)).sum())
+                n_pos += ref.shape[0] * ref.shape[1]
     if not math.isfinite(nll_sum):
         raise DataError("the model produced a non-finite loss on these windows")
     out = {"nll": nll_sum / n_pred, "n_tokens": n_pred}

@@ -103,3 +103,75 @@ class CharTokenizer:
 
     def __len__(self) -> int:
         return 259
+
+
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")  # mixture-of-experts: the experts form the MLP half
+
+
+def build_tiny_moe(arch: str = "mixtral", n_layers: int = 4, seed: int = 0, **overrides):
+    """A tiny random mixture-of-experts causal LM (4 experts, 2 per token; eval mode, float32, seeded)."""
+    import torch
+    import transformers as tf
+
+    common = dict(
+        vocab_size=TINY_VOCAB,
+        initializer_range=0.1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        num_experts_per_tok=2,
+    )
+    if arch == "mixtral":
+        cfg = tf.MixtralConfig(**common, num_local_experts=4)
+    elif arch == "qwen2_moe":
+        cfg = tf.Qwen2MoeConfig(
+            **common, num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=1
+        )
+    elif arch == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(**common, num_experts=4, moe_intermediate_size=32, decoder_sparse_step=1, head_dim=8)
+    elif arch == "olmoe":
+        cfg = tf.OlmoeConfig(**common, num_experts=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    else:
+        raise ValueError(f"unknown tiny mixture-of-experts architecture {arch!r}; use one of {MOE_ARCHS}")
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+HYBRID_ARCHS = ("bamba",)  # state-space (Mamba2) and attention layers in one stack
+
+
+def build_tiny_hybrid(arch: str = "bamba", n_layers: int = 4, seed: int = 0, **overrides):
+    """A tiny random hybrid causal LM: Mamba2 mixer layers with attention at the odd indices (eval, float32)."""
+    import torch
+    import transformers as tf
+
+    if arch != "bamba":
+        raise ValueError(f"unknown tiny hybrid architecture {arch!r}; use one of {HYBRID_ARCHS}")
+    cfg = tf.BambaConfig(
+        vocab_size=TINY_VOCAB,
+        initializer_range=0.1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=n_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=list(range(1, n_layers, 2)),
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_state=8,
+        mamba_expand=2,
+        mamba_chunk_size=16,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()

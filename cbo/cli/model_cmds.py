@@ -104,6 +104,12 @@ def prune(
     method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (`cbo estimators` lists them)."),
     granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
     keep: Optional[str] = typer.Option(None, "--keep", help="Blocks never removed, e.g. '0,29'."),
+    max_kind: list[str] = typer.Option(
+        [], "--max-kind", help="At most N removed blocks of a kind, KIND=N (repeatable), e.g. attention=4, mlp=2."
+    ),
+    budget_params: Optional[int] = typer.Option(
+        None, "--budget-params", help="At most this many parameters removed (the solver respects it)."
+    ),
     n_calibration: int = typer.Option(32, help="Calibration windows."),
     n_validation: int = typer.Option(32, help="Validation windows."),
     seq_len: int = typer.Option(128, help="Tokens per window."),
@@ -120,8 +126,23 @@ def prune(
         None, "--width", "-w", help="Width pruning instead of depth: a score (taylor, amp, ntk, afr, magnitude)."
     ),
     ratio: Optional[float] = typer.Option(
-        None, "--ratio", "-r", help="With --width: fraction of the parameters to remove, in (0, 1)."
+        None,
+        "--ratio",
+        "-r",
+        help="With --width: fraction of the parameters to remove, in (0, 1), of the decoder layers' parameters "
+        "(see --ratio-of; the report prints both fractions).",
     ),
+    ratio_of: str = typer.Option(
+        "blocks", "--ratio-of", help="What --ratio is a fraction of: blocks (the decoder layers) or model (all)."
+    ),
+    tasks: Optional[str] = typer.Option(
+        None,
+        "--tasks",
+        "-t",
+        help="Also evaluate the original and the pruned model on lm-eval tasks, e.g. austen_cloze,austen_choice "
+        "(local, or cached in this lm-eval installation; needs cbo[eval]).",
+    ),
+    tasks_limit: Optional[int] = typer.Option(None, "--tasks-limit", help="Items per task (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
@@ -146,15 +167,29 @@ def prune(
             )
         if ratio is None:
             fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
-        _prune_width(model, width, ratio, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet)
+        _prune_width(
+            model, width, ratio, ratio_of, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet
+        )
         return
     remove = 8 if remove is None else remove
     try:
         opts = parse_options(option, "--option")
+        from cbo.models import load_model
+
+        manager = None
+        if tasks is not None:
+            from cbo.downstream.harness import parse_tasks, task_manager
+
+            if tasks_limit is not None and tasks_limit < 1:
+                raise CBOError(f"--tasks-limit must be >= 1, got {tasks_limit}.")
+            tasks = parse_tasks(tasks)
+            manager = task_manager(tasks)  # unknown task names fail before any model work
+        # loaded here (quietly with -q; the original is also what --tasks evaluates after pruning)
+        loaded, tokenizer = load_model(model, quiet=quiet)
         say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
         report = prune_depth(
-            model,
-            None,
+            loaded,
+            tokenizer,
             text,
             remove=remove,
             estimator=estimator,
@@ -165,6 +200,8 @@ def prune(
             granularity=granularity,
             method=method,
             keep=parse_blocks(keep) or None,
+            caps=parse_caps(max_kind) or None,
+            budget_params=budget_params,
             seed=seed,
             cache_dir=cache,
             n_calibration=n_calibration,
@@ -174,8 +211,15 @@ def prune(
             estimator_options=opts,
             progress=not quiet,
         )
+        report.model_name = model
+        task_results = None
+        if tasks is not None:
+            say(quiet, f"evaluating the original and the pruned model on {', '.join(tasks)} ...")
+            task_results = compare_on_tasks(loaded, report.pruned_model, tokenizer, tasks, tasks_limit, manager, quiet)
         if out is not None:
             report.save_model(out)
+            if task_results is not None:
+                (Path(out) / "tasks.json").write_text(json.dumps(task_results, indent=1) + "\n")
         written = _write_plots(report, plots) if plots is not None else []
         if written:
             from cbo.files import record_written
@@ -186,9 +230,14 @@ def prune(
     except KeyboardInterrupt:
         interrupted(cache)
     if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=1))
+        data = report.to_json()
+        if task_results is not None:
+            data["tasks"] = task_results
+        typer.echo(json.dumps(data, indent=1))
     else:
         report.print(console)
+        if task_results is not None:
+            console.print(tasks_table(task_results))
         t = report.timings
         console.print(
             "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if k != "total") + f" (total {t['total']:.1f}s)"
@@ -214,6 +263,52 @@ def interrupted(cache: bool) -> None:
     raise typer.Exit(130)
 
 
+def parse_caps(items: list[str]) -> dict[str, int]:
+    """``["attention=4", "mlp=2"]`` -> ``{"attention": 4, "mlp": 2}``; CBOError naming a malformed item."""
+    caps: dict[str, int] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep or not kind.strip() or not value.strip().isdigit():
+            raise CBOError(f"--max-kind {item!r} must look like KIND=N with N >= 0, e.g. attention=4.")
+        caps[kind.strip()] = int(value)
+    return caps
+
+
+def compare_on_tasks(
+    original: Any, pruned: Any, tokenizer: Any, tasks: list[str], limit: int | None, manager: Any, quiet: bool
+) -> dict[str, Any]:
+    """``{"tasks", "limit", "original": {task: metrics}, "pruned": {...}}`` through lm-eval (cbo.downstream)."""
+    from cbo.downstream.harness import evaluate_tasks
+
+    out: dict[str, Any] = {"tasks": tasks, "limit": limit}
+    for label, m in (("original", original), ("pruned", pruned)):
+        out[label] = evaluate_tasks(m, tokenizer, tasks, limit=limit, progress=not quiet, manager=manager)
+    return out
+
+
+def tasks_table(results: dict[str, Any]) -> Any:
+    """A rich table: one row per task and metric, the original's value beside the pruned model's."""
+    from rich.table import Table
+
+    table = Table(title="downstream tasks (lm-eval)")
+    for col, just in (("task", "left"), ("metric", "left"), ("original", "right"), ("pruned", "right"), ("n", "right")):
+        table.add_column(col, justify=just)
+    for task, metrics in results["original"].items():
+        pruned = results["pruned"].get(task, {})
+        for metric, value in metrics.items():
+            if metric.endswith("_stderr") or metric == "n":
+                continue
+            cells = []
+            for v, err in (
+                (value, metrics.get(f"{metric}_stderr")),
+                (pruned.get(metric), pruned.get(f"{metric}_stderr")),
+            ):
+                text = "–" if v is None else f"{v:.4g}"
+                cells.append(text + (f" ± {err:.2g}" if err is not None and err == err else ""))
+            table.add_row(task, metric, *cells, str(int(metrics.get("n", 0))))
+    return table
+
+
 def _write_plots(report: Any, directory: Path) -> list[Path]:
     """The pruning report's plots: the ranked states, the couplings, and energy vs validation KL."""
     from cbo import plot
@@ -236,6 +331,7 @@ def _prune_width(
     model: str,
     width: Optional[str],
     ratio: float,
+    ratio_of: str,
     text: Optional[Path],
     n_calibration: int,
     n_validation: int,
@@ -249,12 +345,14 @@ def _prune_width(
     from cbo.pipeline import compress
 
     try:
-        say(quiet, f"pruning {ratio:.0%} of the parameters of {model} by width ({width or 'taylor'}) ...")
+        whose = "the decoder layers' parameters" if ratio_of == "blocks" else "all the parameters"
+        say(quiet, f"pruning {ratio:.0%} of {whose} of {model} by width ({width or 'taylor'}) ...")
         report = compress(
             model,
             None,
             text,
             ratio=ratio,
+            ratio_of=ratio_of,
             width=width or "taylor",
             depth="none",
             scheduler="oneshot",

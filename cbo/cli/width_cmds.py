@@ -17,7 +17,17 @@ from cbo.errors import CBOError
 def compress(
     ctx: typer.Context,
     model: str = typer.Argument("smollm2-135m", help="Model name or folder (default: the installed SmolLM2-135M)."),
-    ratio: float = typer.Option(0.3, "--ratio", "-r", help="Fraction of the parameters to remove, in (0, 1)."),
+    ratio: float = typer.Option(
+        0.3,
+        "--ratio",
+        "-r",
+        help="Fraction of the parameters to remove, in (0, 1), of --ratio-of's (the report shows both).",
+    ),
+    ratio_of: str = typer.Option(
+        "blocks",
+        "--ratio-of",
+        help="What --ratio is a fraction of: blocks (the decoder layers, default) or model (all).",
+    ),
     width: Optional[str] = typer.Option(
         None,
         "--width",

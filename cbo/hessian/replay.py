@@ -33,9 +33,9 @@ import torch
 
 from cbo.blocks import branch_tensor, decoder_layers, layer_parts, with_branch_tensor
 from cbo.errors import ModelError
-from cbo.forward import model_logits
+from cbo.head import Head, first_tensor, keep_last_kwarg, position_logits
 from cbo.hessian.gates import Gates
-from cbo.hessian.losses import log_probs
+from cbo.hessian.losses import accumulation_dtype
 
 # which halves of a decoder layer a block removes
 ATTN, MLP, WHOLE = 1, 2, 3
@@ -73,24 +73,6 @@ class ZeroStandIn(torch.nn.Module):
             h = next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
         zeros = torch.zeros_like(h)
         return zeros if self.tuple_length is None else (zeros, *([None] * (self.tuple_length - 1)))
-
-
-class Inject(torch.nn.Module):
-    """Stands in for the whole decoder-layer list: returns a given stream in the last layer's output format."""
-
-    def __init__(self, state: torch.Tensor, rest: tuple | None) -> None:
-        super().__init__()
-        self.state = state
-        self.rest = rest
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.state if self.rest is None else (self.state, *self.rest)
-
-
-def first_tensor(output: Any) -> tuple[torch.Tensor, tuple | None]:
-    if isinstance(output, torch.Tensor):
-        return output, None
-    return output[0], tuple(output[1:])
 
 
 class RemovalLosses:
@@ -143,11 +125,9 @@ class RemovalLosses:
             return
         self._ready = True
         model, tokens = self.model, self.tokens
-        layers, path = decoder_layers(model)
+        layers, _ = decoder_layers(model)
         self.layers = layers
         self.n_layers = len(layers)
-        parent_path, _, self._attr = path.rpartition(".")
-        self._parent = model.get_submodule(parent_path) if parent_path else model
         self._weights(layers)
         self.replay = self.prefix and all(b.kind in KIND_MASK for b in self.blocks)
         halves = sorted({(b.layer, KIND_MASK[b.kind]) for b in self.blocks if KIND_MASK.get(b.kind) in (ATTN, MLP)})
@@ -164,19 +144,50 @@ class RemovalLosses:
         self.original_calls += 1
         self.cost += 1.0
         with torch.no_grad():
-            logits = self._record() if self.replay else model_logits(model, tokens)
-            teacher = log_probs(logits)
-            # KL(p || q) = Σ p log p − Σ p log q: the teacher enters through p and its negative entropy only, so it
-            # is kept once per batch and each set costs one logsumexp and one sum over the vocabulary
-            self._p = teacher.exp()
-            self._neg_entropy = torch.stack([(pb * tb).sum(-1) for pb, tb in zip(self._p, teacher)])
-            del teacher
-            self._top = logits.argmax(-1)
-            base = self._losses_of(logits)
-            self._base = {"kl": torch.zeros_like(base["kl"]), "ce": base["ce"], "agree": torch.ones_like(base["agree"])}
-            if self.replay and not self._replay_matches(logits):
-                self.replay = False
-            del logits
+            last = self._record() if self.replay else None
+            if self.replay:
+                self._head = Head(model, tokens, self._rest)
+                self._teach(self._head.chunks(self.states[self.n_layers]))
+                if not self._replay_matches(last):
+                    self.replay = False
+            else:
+                self._teach(position_logits(model, tokens))
+            del last
+
+    def _teach(self, chunks: Iterable[tuple[int, torch.Tensor]]) -> None:
+        """The teacher from the original's logits, chunk by chunk: its probabilities, negative entropy and top
+        token per position, and the original's own losses.
+
+        KL(p || q) = Σ p log p − Σ p log q: the teacher enters through p and its negative entropy only, so it is
+        kept once per batch and each set costs one logsumexp and one sum over the vocabulary.
+        """
+        b, t = self.tokens.shape
+        self._p = self._neg_entropy = self._top = None
+        nll = torch.zeros(b, dtype=torch.float64)
+        for start, logits in chunks:
+            teacher = torch.log_softmax(logits.to(accumulation_dtype(logits.dtype)), dim=-1)
+            stop = start + teacher.shape[1]
+            if self._p is None:
+                self._p = torch.empty((b, t, teacher.shape[-1]), dtype=teacher.dtype, device=teacher.device)
+                self._neg_entropy = torch.empty((b, t), dtype=teacher.dtype, device=teacher.device)
+                self._top = torch.empty((b, t), dtype=torch.int64, device=teacher.device)
+            p = teacher.exp()
+            self._p[:, start:stop] = p
+            self._neg_entropy[:, start:stop] = (p * teacher).sum(-1)
+            self._top[:, start:stop] = logits.argmax(-1)
+            nll += self._target_nll(teacher, start).double().cpu()
+            del p, teacher
+        ce = (nll / (t - 1)).float()
+        self._base = {"kl": torch.zeros(b), "ce": ce, "agree": torch.ones(b)}
+
+    def _target_nll(self, logq: torch.Tensor, start: int) -> torch.Tensor:
+        """(B,) summed next-token NLL of the chunk's positions (log-probs ``logq`` of positions start..)."""
+        t = self.tokens.shape[1]
+        predicting = min(start + logq.shape[1], t - 1) - start
+        if predicting <= 0:
+            return torch.zeros(logq.shape[0], dtype=logq.dtype, device=logq.device)
+        target = self.tokens[:, start + 1 : start + 1 + predicting].to(logq.device).unsqueeze(-1)
+        return -logq[:, :predicting].gather(-1, target).squeeze(-1).sum(-1)
 
     def _weights(self, layers: Any) -> None:
         """Parameter counts that weight each kind of call against one full forward pass."""
@@ -185,9 +196,12 @@ class RemovalLosses:
         self._head_params = parameter_count(head) if head is not None else 0
         self._full_params = max(sum(self._layer_params) + self._head_params, 1)
 
-    def _record(self) -> torch.Tensor:
+    def _record(self) -> torch.Tensor | None:
         """Original forward pass that records each layer's input stream, call arguments and the last output,
-        and the output format of every half that removal sets may replace."""
+        and the output format of every half that removal sets may replace.
+
+        Returns the original's logits of the last positions (the head runs on those only where the model allows
+        it), for the replay check; None when the layers could not be recorded (then ``replay`` is False)."""
         states: dict[int, torch.Tensor] = {}
         calls: dict[int, tuple[tuple, dict]] = {}
         handles = []
@@ -219,13 +233,17 @@ class RemovalLosses:
             for layer, parts in self._parts.items():
                 for part in ("attn", "mlp"):
                     handles.append(parts[part].register_forward_hook(fmt((layer, part))))
-            logits = model_logits(self.model, self.tokens)
+            kwarg = keep_last_kwarg(self.model)
+            t = self.tokens.shape[1]
+            keep = min(t, max(1, Head(self.model, self.tokens).chunk))
+            out = self.model(input_ids=self.tokens, use_cache=False, **({kwarg: keep} if kwarg else {}))
+            logits = (out.logits if hasattr(out, "logits") else out[0])[:, -keep:]
         finally:
             for h in handles:
                 h.remove()
         if len(states) != self.n_layers + 1 or not all(isinstance(s, torch.Tensor) for s in states.values()):
             self.replay = False
-            return logits
+            return None
         self.states = [states[k] for k in range(self.n_layers + 1)]
         self.calls = [calls[k] for k in range(self.n_layers)]
         return logits
@@ -250,16 +268,12 @@ class RemovalLosses:
         finally:
             setattr(layer, name, original)
 
-    def _tail(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits of the model whose last decoder layer outputs ``h`` (final norm and head only)."""
-        original = getattr(self._parent, self._attr)
-        setattr(self._parent, self._attr, torch.nn.ModuleList([Inject(h, self._rest)]))
-        try:
-            self.tail_calls += 1
-            self.cost += self._head_params / self._full_params
-            return model_logits(self.model, self.tokens)
-        finally:
-            setattr(self._parent, self._attr, original)
+    def _tail(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Losses of the model whose last decoder layer outputs ``h`` (final norm and head only, a few positions
+        at a time)."""
+        self.tail_calls += 1
+        self.cost += self._head_params / self._full_params
+        return self._losses_of(self._head.chunks(h))
 
     def _gated_layer(self, k: int, part: str) -> torch.Tensor:
         """Reference for a half's stand-in: layer k with that half's branch output zeroed by a hook."""
@@ -274,12 +288,16 @@ class RemovalLosses:
         finally:
             handle.remove()
 
-    def _replay_matches(self, logits: torch.Tensor) -> bool:
-        """The replayed last layer and the injected head reproduce the original logits, and every kind of half
-        in the block list gives, replayed with its stand-in, what the gated pass gives."""
+    def _replay_matches(self, last: torch.Tensor) -> bool:
+        """The replayed last layer and the injected head reproduce the original logits (``last``: those of the
+        last positions), and every kind of half in the block list gives, replayed with its stand-in, what the
+        gated pass gives."""
+        t = self.tokens.shape[1]
         try:
             out = self._layer(self.n_layers - 1, self.states[self.n_layers - 1])
-            again = self._tail(out)
+            self.tail_calls += 1
+            self.cost += self._head_params / self._full_params
+            again = self._head.logits(out, t - last.shape[1], t)
             checks = []
             for mask in (ATTN, MLP):
                 layers = [
@@ -290,8 +308,8 @@ class RemovalLosses:
                     checks.append((self._layer(k, self.states[k], mask), self._gated_layer(k, PART_OF_MASK[mask])))
         except Exception:  # noqa: BLE001 - any failure means this model cannot be replayed; use full passes
             return False
-        scale = float(logits.abs().max()) + 1.0
-        if again.shape != logits.shape or float((again - logits).abs().max()) > CHECK_RTOL * scale:
+        scale = float(last.abs().max()) + 1.0
+        if again.shape != last.shape or float((again - last).abs().max()) > CHECK_RTOL * scale:
             return False
         for got, want in checks:
             tol = CHECK_RTOL * (float(want.abs().max()) + 1.0)
@@ -300,25 +318,33 @@ class RemovalLosses:
         return True
 
     # ------------------------------------------------------------------ losses
-    def _losses_of(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        z = logits.to(self._p.dtype)
-        lse = torch.logsumexp(z, dim=-1)
-        # Σ p log q with log q = z − logsumexp(z), one window at a time (a (T, V) temporary): summing terms of the
-        # size of log q keeps float32 to rounding, where Σ p z and logsumexp(z) apart are two numbers of the size
-        # of the logits whose difference is the answer (0.2 % off on the default model's 49k-token vocabulary)
-        cross = torch.stack([(pb * (zb - lb.unsqueeze(-1))).sum(-1) for pb, zb, lb in zip(self._p, z, lse)])
-        kl = (self._neg_entropy - cross).mean(-1)
-        target = self.tokens[:, 1:].to(z.device).unsqueeze(-1)
-        ce = (lse[:, :-1] - z[:, :-1].gather(-1, target).squeeze(-1)).mean(-1)
-        agree = (z.argmax(-1) == self._top.to(z.device)).float().mean(-1)
-        return {"kl": kl.float().cpu(), "ce": ce.float().cpu(), "agree": agree.cpu()}
+    def _losses_of(self, chunks: Iterable[tuple[int, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Per-sequence KL to the teacher, cross-entropy and agreement from a set's logits, chunk by chunk."""
+        b, t = self.tokens.shape
+        kl = torch.zeros(b, dtype=torch.float64)
+        nll = torch.zeros(b, dtype=torch.float64)
+        agree = torch.zeros(b, dtype=torch.float64)
+        for start, logits in chunks:
+            z = logits.to(self._p.dtype)
+            stop = start + z.shape[1]
+            lse = torch.logsumexp(z, dim=-1)
+            # Σ p log q with log q = z − logsumexp(z), one window at a time (a (c, V) temporary): summing terms of
+            # the size of log q keeps float32 to rounding, where Σ p z and logsumexp(z) apart are two numbers of the
+            # size of the logits whose difference is the answer (0.2 % off on the default model's 49k vocabulary)
+            p = self._p[:, start:stop]
+            cross = torch.stack([(pb * (zb - lb.unsqueeze(-1))).sum(-1) for pb, zb, lb in zip(p, z, lse)])
+            kl += (self._neg_entropy[:, start:stop] - cross).sum(-1).double().cpu()
+            nll += self._target_nll(z - lse.unsqueeze(-1), start).double().cpu()
+            agree += (z.argmax(-1) == self._top[:, start:stop]).sum(-1).double().cpu()
+            del z, lse, cross
+        return {"kl": (kl / t).float(), "ce": (nll / (t - 1)).float(), "agree": (agree / t).float()}
 
     def _full(self, removed: Sequence[int]) -> dict[str, torch.Tensor]:
         with Gates(self.model, self.blocks, requires_grad=False) as gates:
             gates.set(removed=removed)
             self.full_calls += 1
             self.cost += 1.0
-            return self._losses_of(model_logits(self.model, self.tokens))
+            return self._losses_of(position_logits(self.model, self.tokens))
 
     @property
     def base(self) -> dict[str, torch.Tensor]:
@@ -391,7 +417,7 @@ class RemovalLosses:
                     h = self._layer(layer, h)
                     layer += 1
                 if node in wanted:
-                    results[node] = self._losses_of(self._tail(h))
+                    results[node] = self._tail(h)
                 del h
                 if children:
                     visit(node, child)

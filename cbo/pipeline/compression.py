@@ -36,6 +36,8 @@ from cbo.width.prune import DEFAULT_SCORE, check_width_options, width_prune
 torch = require("torch", "compression")
 
 SCHEDULERS = ("oneshot", "mop")
+# what ``ratio`` is a fraction of
+RATIO_OF = {"blocks": "the decoder layers' parameters", "model": "all the parameters"}
 REPORT_FORMAT = "cbo.compressionreport"
 
 
@@ -66,6 +68,7 @@ class CompressionReport(Report):
     data: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     tokenizer: Any = None
+    prunable_before: int | None = None
 
     @property
     def pruned_model(self) -> Any:
@@ -77,8 +80,22 @@ class CompressionReport(Report):
 
     @property
     def ratio(self) -> float:
-        """Fraction of parameters removed."""
+        """Fraction of all the parameters removed (embeddings and head included)."""
         return 1.0 - self.params_after / self.params_before
+
+    @property
+    def prunable_ratio(self) -> float | None:
+        """Fraction of the prunable parameters (those of the decoder layers) removed; None for old reports."""
+        if not self.prunable_before:
+            return None
+        return (self.params_before - self.params_after) / self.prunable_before
+
+    def removed_line(self) -> str:
+        """``"12.3% of all the parameters, 20.0% of the decoder layers'"``: both denominators, always."""
+        line = f"{self.ratio:.1%} of all the parameters"
+        if self.prunable_ratio is not None:
+            line += f", {self.prunable_ratio:.1%} of the decoder layers'"
+        return line
 
     def speedup(self, kind: str = "decode") -> float | None:
         """Tokens per second after over before (``prefill`` or ``decode``); None when speed was not measured."""
@@ -94,7 +111,7 @@ class CompressionReport(Report):
     def to_json(self) -> dict[str, Any]:
         """A JSON-serializable summary (no model weights)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("model", "tokenizer")}
-        out.update(format=REPORT_FORMAT, ratio=self.ratio)
+        out.update(format=REPORT_FORMAT, ratio=self.ratio, prunable_ratio=self.prunable_ratio)
         out.update(speedup_prefill=self.speedup("prefill"), speedup_decode=self.speedup("decode"))
         return jsonable(out)
 
@@ -117,7 +134,10 @@ class CompressionReport(Report):
         table.add_column("")
         table.add_column("before", justify="right")
         table.add_column("after", justify="right")
-        table.add_row("parameters", f"{self.params_before:,}", f"{self.params_after:,} (-{self.ratio:.1%})")
+        removed = f"-{self.ratio:.1%}" + (
+            f"; -{self.prunable_ratio:.1%} of the layers'" if self.prunable_before else ""
+        )
+        table.add_row("parameters", f"{self.params_before:,}", f"{self.params_after:,} ({removed})")
         table.add_row("perplexity", f"{self.before['ppl']:.3f}", f"{self.after['ppl']:.3f}")
         table.add_row("KL to original (nats/token)", "0", f"{self.after['kl']:.4f}")
         table.add_row("next-token agreement", "1", f"{self.after['agreement']:.3f}")
@@ -145,8 +165,8 @@ class CompressionReport(Report):
         lines = [
             f"compress {s.get('model', '')}: scheduler={s['scheduler']} width={s['width']} depth={s['depth']}"
             + (f" criterion={s['criterion']}" if s["scheduler"] == "mop" else ""),
-            f"  parameters: {self.params_before:,} -> {self.params_after:,} ({self.ratio:.1%} removed; "
-            f"target {self.target_params / self.params_before:.1%})",
+            f"  parameters: {self.params_before:,} -> {self.params_after:,} (removed {self.removed_line()}; "
+            f"target {self.target_params:,}, {s.get('ratio', 0):.1%} of {RATIO_OF.get(s.get('ratio_of', 'model'))})",
             f"  held-out ppl: {self.before['ppl']:.3f} -> {self.after['ppl']:.3f}   "
             f"KL to original: {self.after['kl']:.4f} nats/token   next-token agreement: {self.after['agreement']:.3f}",
         ]
@@ -170,6 +190,7 @@ def compress(
     text: Any = None,
     *,
     ratio: float = 0.3,
+    ratio_of: str = "blocks",
     depth: str = "none",
     width: str | None = None,
     scheduler: str = "oneshot",
@@ -204,7 +225,9 @@ def compress(
         model: a model, or a name/folder for :func:`cbo.models.load_model` (then ``tokenizer`` may be None).
         tokenizer: the model's tokenizer (needed to cut ``text`` into windows unless ``splits`` is given).
         text: calibration/evaluation text (see :func:`cbo.data.load_documents`); None = the default Austen text.
-        ratio: fraction of the model's parameters to remove, in (0, 1).
+        ratio: fraction of the parameters to remove, in (0, 1), of ``ratio_of``: ``"blocks"`` (default: the
+            prunable parameters, those of the decoder layers) or ``"model"`` (all of them, embeddings and head
+            included: on a model with a large vocabulary the same ratio removes far more of its layers).
         depth: ``none``, ``cbo`` (QUBO ground state) or ``antepenultimate``; with ``scheduler="mop"`` the rule
             that proposes each step's layer (:func:`cbo.pipeline.proposers.depth_proposer`).
         width: width score (default ``taylor`` one-shot, ``amp`` for MoP: the best of each on the default model
@@ -229,6 +252,7 @@ def compress(
     Example:
         >>> r = compress("smollm2-135m", ratio=0.2, scheduler="mop", criterion="kl", depth="cbo")  # doctest: +SKIP
     """
+    from cbo.blocks import prunable_parameters
     from cbo.evaluate import count_parameters, evaluate, reference_logits, throughput
     from cbo.structures import layer_widths
     from cbo.surgery.depth import REMOVED_KEY, remove_blocks, text_config
@@ -237,6 +261,8 @@ def compress(
         raise InvalidOptionError(f"unknown scheduler {scheduler!r}; use one of {list(SCHEDULERS)}")
     if not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) < 1.0):
         raise InfeasibleError(f"ratio must be in (0, 1) (fraction of parameters to remove), got {ratio!r}")
+    if ratio_of not in RATIO_OF:
+        raise InvalidOptionError(f"unknown ratio_of {ratio_of!r}; use one of {list(RATIO_OF)}")
     if not 0.0 <= depth_share <= 1.0:
         raise InfeasibleError(f"depth_share must be in [0, 1], got {depth_share}")
     width = width or ("amp" if scheduler == "mop" else DEFAULT_SCORE)
@@ -274,10 +300,27 @@ def compress(
     model.eval()
     # the options every width step shares (one-shot, calibration selection, each MoP step)
     width_options = dict(gqa=gqa, gamma=gamma, round_to=round_to, allocation=allocation, score_options=score_options)
-    settings = dict(model=str(name), ratio=ratio, scheduler=scheduler, width=width, depth=depth, criterion=criterion)
+    settings = dict(
+        model=str(name),
+        ratio=ratio,
+        ratio_of=ratio_of,
+        scheduler=scheduler,
+        width=width,
+        depth=depth,
+        criterion=criterion,
+    )
     settings |= {"depth_share": depth_share, **width_options, "score_options": score_options or {}}
     settings |= dict(select_calibration=select_calibration, recovery=recovery, recovery_steps=recovery_steps)
     settings |= dict(final_recovery_steps=final_recovery_steps, seed=seed)
+
+    p0 = count_parameters(model)
+    prunable = prunable_parameters(model)
+    target = int(round(ratio * (prunable if ratio_of == "blocks" else p0)))
+    if target >= prunable:
+        raise InfeasibleError(
+            f"ratio={ratio} of {RATIO_OF[ratio_of]} is {target:,} parameters, but the decoder layers hold only "
+            f"{prunable:,}; give a smaller ratio (or ratio_of='blocks')"
+        )
 
     t0 = time.perf_counter()
     ref = reference_logits(model, test, batch_size=batch_size)
@@ -287,8 +330,6 @@ def compress(
     speed_before = throughput(model, **speed_opts) if measure_speed else None
     timings["evaluate_before"] = time.perf_counter() - t0
 
-    p0 = count_parameters(model)
-    target = int(round(ratio * p0))
     path: list[dict[str, Any]] = []
     calib_info = None
     t0 = time.perf_counter()
@@ -297,7 +338,7 @@ def compress(
             model,
             calib,
             control,
-            ratio=ratio,
+            ratio=target / p0,
             criterion=criterion,
             depth_proposer=proposer,
             width_score=width,
@@ -375,6 +416,7 @@ def compress(
         data=dict(splits.info) if getattr(splits, "info", None) else {},
         seconds=timings,
         tokenizer=tokenizer,
+        prunable_before=prunable,
     )
     if out is not None:
         report.save_model(out)

@@ -48,10 +48,28 @@ def prune_blocks(model: Any, blocks: Sequence[Any], removed: Iterable[int]) -> A
     return remove_sublayers(model, [blocks[i] for i in removed])
 
 
-def check_request(remove: Any, blocks: Sequence[Any], keep: Sequence[int]) -> int:
-    """M checked before any long work: the QUBO's own feasibility check, and something of the model remains."""
+def check_request(
+    remove: Any,
+    blocks: Sequence[Any],
+    keep: Sequence[int],
+    caps: dict[str, int] | None = None,
+    budget_params: int | None = None,
+) -> int:
+    """M checked before any long work: the QUBO's own feasibility check (keep list, per-kind caps, parameter
+    budget), and something of the model remains."""
     n = len(blocks)
-    shape = BlockQUBO(np.zeros((n, n)), kinds=[b.kind for b in blocks], sizes=[b.n_params for b in blocks], keep=keep)
+    kinds = [b.kind for b in blocks]
+    unknown = sorted(set(caps or {}) - set(kinds))
+    if unknown:
+        raise InfeasibleError(
+            f"caps name block kinds {unknown} this model does not have; its kinds: {sorted(set(kinds))}."
+        )
+    if budget_params is not None and (isinstance(budget_params, bool) or int(budget_params) < 1):
+        raise InfeasibleError(f"budget_params must be a positive number of parameters, got {budget_params!r}.")
+    shape = BlockQUBO(
+        np.zeros((n, n)), kinds=kinds, sizes=[b.n_params for b in blocks], keep=keep, caps=dict(caps or {}),
+        max_removed_params=budget_params,
+    )  # fmt: skip
     shape.check_remove(remove)
     if not 1 <= int(remove) <= n - 1:
         raise InfeasibleError(f"remove={remove} is out of range: the model has {n} blocks; use 1..{n - 1}.")
@@ -72,6 +90,8 @@ def prune_depth(
     granularity: str = "layer",
     method: str = "cbo",
     keep: Any = None,
+    caps: dict[str, int] | None = None,
+    budget_params: int | None = None,
     seed: int = 0,
     cache_dir: str | Path | bool | None = True,
     n_calibration: int = 32,
@@ -104,6 +124,9 @@ def prune_depth(
         granularity: ``"layer"`` or ``"sublayer"`` (attention and MLP halves).
         method: ``"cbo"``, or a baseline of ``cbo.baselines`` (e.g. ``"block_influence"``).
         keep: blocks never removed (indices or names), e.g. ``[0, 29]``.
+        caps: at most this many removed blocks of a kind, e.g. ``{"attention": 4, "mlp": 2}`` (kinds of
+            ``cbo.blocks.find_blocks``); budget_params: at most this many parameters removed. Both constrain the
+            solver (CBO only; the baselines rank without constraints).
         seed: seeds data sampling, label sampling and randomized solvers.
         cache_dir: where Hessians and measured validation losses are cached; True = ``CBO_HOME/cache``,
             None/False = no cache.
@@ -120,7 +143,7 @@ def prune_depth(
         >>> report.pruned_model.config.num_hidden_layers                          # doctest: +SKIP
         22
     """
-    from cbo.blocks import find_blocks, resolve_keep
+    from cbo.blocks import find_blocks, prunable_parameters, resolve_keep
     from cbo.evaluate import count_parameters
     from cbo.hessian import ESTIMATORS
     from cbo.hessian.losses import check_loss
@@ -143,7 +166,9 @@ def prune_depth(
 
     blocks = find_blocks(model, granularity)
     keep_idx = resolve_keep(keep, blocks)
-    remove = check_request(remove, blocks, keep_idx)
+    remove = check_request(remove, blocks, keep_idx, caps, budget_params)
+    if method != "cbo" and (caps or budget_params is not None):
+        raise CBOError(f"caps and budget_params constrain CBO's solver; the baseline {method!r} does not take them.")
     estimator_options = dict(estimator_options or {})
     if method == "cbo":  # every option checked before the long work starts
         cls = ESTIMATORS.get(estimator)
@@ -169,6 +194,7 @@ def prune_depth(
         qubo, states = _estimate_and_solve(
             model, tokenizer, splits, blocks, keep_idx, remove, estimator, loss, solver, top_k, seed, batch_size,
             hessian_cache, estimator_options, solver_options, progress, timings,
+            constraints={"caps": dict(caps or {}), "max_removed_params": budget_params},
         )  # fmt: skip
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
     else:
@@ -207,6 +233,7 @@ def prune_depth(
     pruned_metrics = {}
     if measured:
         original_metrics["n_params"] = count_parameters(model)
+        original_metrics["prunable_params"] = prunable_parameters(model)
         pruned_metrics = {**measured[tuple(sorted(chosen_blocks))], "n_params": count_parameters(pruned_model)}
     timings["total"] = time.perf_counter() - t_start
 
@@ -236,6 +263,8 @@ def prune_depth(
             "top_k": top_k,
             "validate": validate,
             "keep": keep_idx,
+            "caps": dict(caps or {}),
+            "budget_params": budget_params,
             "seed": seed,
             "batch_size": batch_size,
             "estimator_options": estimator_options,
@@ -263,6 +292,7 @@ def _estimate_and_solve(
     solver_options: dict[str, Any] | None,
     progress: bool,
     timings: dict[str, float],
+    constraints: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """The QUBO of the calibration split (cached) and its ``top_k`` ranked states with ``remove`` blocks removed."""
     from cbo.forward import torch_threads_kept
@@ -284,8 +314,9 @@ def _estimate_and_solve(
         **estimator_options,
     )
     timings["hessian"] = time.perf_counter() - t
-    if keep:
-        qubo = qubo.with_constraints(keep=keep)
+    extra = {k: v for k, v in (constraints or {}).items() if v}
+    if keep or extra:
+        qubo = qubo.with_constraints(keep=keep, **extra)
     t = time.perf_counter()
     with torch_threads_kept():
         states = solve(qubo, remove, solver, k=top_k, seed=seed, progress=progress, **(solver_options or {}))

@@ -34,6 +34,16 @@ def fmt_value(v: Any, spec: str = ".4g") -> str:
     return "None" if v is None else format(v, spec)
 
 
+def removed_fractions(before: int | None, after: int | None, prunable: int | None) -> str:
+    """`` (-12.3% of all, -20.0% of the decoder layers')``: what was removed, over both denominators."""
+    if not before or after is None:
+        return ""
+    line = f" (-{(before - after) / before:.1%} of all"
+    if prunable:
+        line += f", -{(before - after) / prunable:.1%} of the decoder layers'"
+    return line + ")"
+
+
 class Report(ABC):
     """Base of the pipeline reports (see the module docstring for the surface every report shares)."""
 
@@ -325,6 +335,7 @@ class DepthReport(Report):
             f"validation: original PPL {o.get('ppl', float('nan')):.2f} → pruned PPL {p.get('ppl', float('nan')):.2f}, "
             f"KL {p.get('kl') if p.get('kl') is None else round(p['kl'], 4)}; "
             f"params {o.get('n_params', 0) / 1e6:.1f}M → {p.get('n_params', 0) / 1e6:.1f}M"
+            + removed_fractions(o.get("n_params"), p.get("n_params"), o.get("prunable_params"))
         )
         return table
 

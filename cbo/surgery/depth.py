@@ -24,7 +24,7 @@ torch = require("torch", "model surgery")
 nn = torch.nn
 
 # config lists that hold layer *indices* (remapped) rather than one entry per layer (sliced)
-INDEX_LISTS = ("mlp_only_layers", "full_attention_layers", "sliding_window_layers")
+INDEX_LISTS = ("mlp_only_layers", "full_attention_layers", "sliding_window_layers", "attn_layer_indices")
 ZEROED_KEY = "cbo_zeroed_sublayers"  # [[layer, "attn" | "mlp"], ...] in current layer numbering
 ORIGINAL_KEY = "cbo_original_layers"  # original index of each current layer
 REMOVED_KEY = "cbo_removed_layers"  # original indices of the removed layers

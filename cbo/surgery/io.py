@@ -14,9 +14,10 @@ Loading routes:
   rebuilds the half with freshly initialised input weights (it warns they are missing) whose output is exactly
   zero, so the logits equal the pruned model's; ``load_pruned`` replaces the half by a zero module again.
 * Plain transformers, per-layer widths: ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
-  The folder carries a three-line ``modeling_cbo_pruned.py`` (registered in ``auto_map``) that subclasses the
-  model's own class and reshapes its layers from the config; it imports ``cbo``, so the cbo package must be
-  installed where the model is loaded. Stock transformers configs have one head count and one MLP width for
+  The folder carries ``modeling_cbo_pruned.py`` (registered in ``auto_map``), a self-contained file (torch and
+  transformers only, no ``cbo``) that subclasses the model's own class and reshapes its modules on construction
+  from ``config.cbo_remote_layout`` (:func:`remote_layout`: stand-ins, parameter shapes, attributes), so the
+  folder can be shared or pushed to a hub. Stock transformers configs have one head count and one MLP width for
   all layers, so no route without extra code exists for models whose layers differ.
 
 Example:
@@ -43,16 +44,166 @@ FORMAT_VERSION = 1
 REMOTE_FILE = "modeling_cbo_pruned.py"
 REMOTE_CLASS = "CBOPrunedForCausalLM"
 
-_REMOTE_TEMPLATE = '''"""Loads a model pruned by CBO (per-layer head counts / MLP widths) with plain transformers.
+LAYOUT_KEY = "cbo_remote_layout"
 
-Use AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True); needs the `cbo` package installed.
+# The file written beside the weights of a model whose layers differ in width. It imports only torch and
+# transformers: everything it needs (which modules are zero stand-ins, the shapes of the sliced parameters and the
+# attributes their forward reads) is in config.json under LAYOUT_KEY, so the folder loads wherever transformers does.
+REMOTE_TEMPLATE = '''"""A model pruned by CBO (per-layer head counts / MLP widths), loadable with plain transformers.
+
+    AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+
+Self-contained (torch and transformers only): the class is the architecture's own, whose modules are reshaped on
+construction from config.{layout_key} (zero stand-ins for removed halves, the shapes of sliced parameters, the
+attributes their forward reads), before the weights load.
 """
 
-from cbo.surgery.io import pruned_model_class
+import torch
 from {module} import {base} as _Base
 
-{cls} = pruned_model_class(_Base)
+
+def _find_cache(kwargs):
+    for key in ("cache", "past_key_values", "past_key_value", "layer_past"):
+        cache = kwargs.get(key)
+        if cache is not None:
+            return getattr(cache, "self_attention_cache", cache)
+    return None
+
+
+class ZeroAttention(torch.nn.Module):
+    """A removed attention half: zeros, and one tiny cache entry per token so the cache length stays right."""
+
+    def __init__(self, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+
+    def forward(self, hidden_states=None, *args, **kwargs):
+        if hidden_states is None:
+            hidden_states = args[0]
+        cache = _find_cache(kwargs)
+        if cache is not None and hasattr(cache, "update"):
+            stub = hidden_states.new_zeros((hidden_states.shape[0], 1, hidden_states.shape[1], 1))
+            cache.update(stub, stub, self.layer_idx)
+        return torch.zeros_like(hidden_states), None
+
+
+class ZeroMLP(torch.nn.Module):
+    """A removed MLP half: zeros of the input's shape."""
+
+    def forward(self, hidden_states=None, *args, **kwargs):
+        return torch.zeros_like(args[0] if hidden_states is None else hidden_states)
+
+
+def _stand_in(spec):
+    if spec["kind"] == "zero_attention":
+        return ZeroAttention(spec["layer_idx"])
+    if spec["kind"] == "zero_mlp":
+        return ZeroMLP()
+    return torch.nn.Identity()
+
+
+def reshape(model, layout):
+    """Swap in the stand-ins, give sliced parameters their saved shapes and set the attributes forward reads."""
+    for path, spec in layout.get("swaps", {{}}).items():
+        parent, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent), name, _stand_in(spec))
+    for path, shape in layout.get("shapes", {{}}).items():
+        parent, _, name = path.rpartition(".")
+        module = model.get_submodule(parent)
+        old = getattr(module, name)
+        new = torch.empty(tuple(shape), dtype=old.dtype, device=old.device)
+        setattr(module, name, torch.nn.Parameter(new, requires_grad=old.requires_grad))
+    for path, values in layout.get("attrs", {{}}).items():
+        module = model.get_submodule(path)
+        for key, value in values.items():
+            setattr(module, key, value)
+
+
+class {base}(_Base):
+    """{base} with CBO's per-layer widths (same name: transformers keys checkpoint renamings by class name)."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        reshape(self, getattr(config, "{layout_key}", None) or {{}})
+
+    @classmethod
+    def is_custom_code(cls):
+        # loaded through trust_remote_code, transformers would otherwise skip the base's key renamings
+        return _Base.is_custom_code()
+
+
+{cls} = {base}
 '''
+
+
+def stand_in_spec(module: Any) -> dict[str, Any] | None:
+    """What the remote file builds in place of a zero stand-in or a dropped norm (None: not a stand-in)."""
+    from cbo.surgery.depth import ZeroAttention, ZeroMLP
+
+    torch = require("torch", "saving a pruned model")
+    if isinstance(module, ZeroAttention):
+        return {"kind": "zero_attention", "layer_idx": int(module.layer_idx)}
+    if isinstance(module, ZeroMLP):
+        return {"kind": "zero_mlp"}
+    if isinstance(module, torch.nn.Identity):
+        return {"kind": "identity"}
+    return None
+
+
+def remote_layout(model: Any) -> dict[str, Any]:
+    """How ``model`` differs from the stock model its config builds: ``{"swaps", "shapes", "attrs"}``.
+
+    The stock model is built on the meta device (no memory, no initialization); the differences are the modules
+    replaced by stand-ins, the parameters whose shapes changed, and the integer attributes (head counts, widths,
+    ``in_features``...) that changed, keyed by their dotted paths.
+
+    Raises:
+        ModelError: a module was replaced by something the self-contained file cannot build.
+    """
+    torch = require("torch", "saving a pruned model")
+    with torch.device("meta"):
+        stock = _causal_lm_class(model.config)(copy.deepcopy(model.config))
+    stock_modules = dict(stock.named_modules())
+    swaps: dict[str, Any] = {}
+    shapes: dict[str, list[int]] = {}
+    attrs: dict[str, dict[str, int]] = {}
+    for path, module in model.named_modules():
+        if any(path.startswith(f"{s}.") for s in swaps):
+            continue
+        ref = stock_modules.get(path)
+        if ref is None:
+            raise ModelError(f"module {path!r} of the pruned model has no counterpart in its architecture")
+        if type(ref) is not type(module) and not isinstance(module, type(ref)):
+            spec = stand_in_spec(module)
+            if spec is None:
+                raise ModelError(
+                    f"module {path!r} is a {type(module).__name__} where the architecture has a "
+                    f"{type(ref).__name__}; a self-contained loader cannot rebuild it"
+                )
+            swaps[path] = spec
+            continue
+        for name, param in module.named_parameters(recurse=False):
+            stock_param = getattr(ref, name, None)
+            if stock_param is None or tuple(stock_param.shape) != tuple(param.shape):
+                shapes[f"{path}.{name}" if path else name] = list(param.shape)
+        changed = {
+            k: v
+            for k, v in vars(module).items()
+            if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_") and vars(ref).get(k) != v
+        }
+        if changed:
+            attrs[path] = changed
+    return {"swaps": swaps, "shapes": shapes, "attrs": attrs}
+
+
+def write_remote_code(model: Any, path: Path, data: dict[str, Any]) -> None:
+    """Write the self-contained loader beside the weights and point ``auto_map`` (in ``data``) at it."""
+    base = _causal_lm_class(model.config)
+    data[LAYOUT_KEY] = remote_layout(model)
+    (path / REMOTE_FILE).write_text(
+        REMOTE_TEMPLATE.format(module=base.__module__, base=base.__name__, cls=REMOTE_CLASS, layout_key=LAYOUT_KEY)
+    )
+    data["auto_map"] = {"AutoModelForCausalLM": f"{REMOTE_FILE[:-3]}.{REMOTE_CLASS}"}
 
 
 def recorded_widths(config: Any) -> list[dict[str, int]] | None:
@@ -223,6 +374,7 @@ def write_pruned_folder(model: Any, path: str | os.PathLike, tokenizer: Any = No
     config_file = path / "config.json"
     data = json.loads(config_file.read_text())
     data.pop(WIDTHS_KEY, None)
+    data.pop(LAYOUT_KEY, None)
     if REMOTE_CLASS in json.dumps(data.get("auto_map", {})):
         data.pop("auto_map")  # re-saving a model loaded through the remote-code route
     (path / REMOTE_FILE).unlink(missing_ok=True)
@@ -230,11 +382,7 @@ def write_pruned_folder(model: Any, path: str | os.PathLike, tokenizer: Any = No
     if widths is not None:
         data[WIDTHS_KEY] = widths
         if not _uniform_with_config(widths, model.config):
-            base = _causal_lm_class(model.config)
-            (path / REMOTE_FILE).write_text(
-                _REMOTE_TEMPLATE.format(module=base.__module__, base=base.__name__, cls=REMOTE_CLASS)
-            )
-            data["auto_map"] = {"AutoModelForCausalLM": f"{REMOTE_FILE[:-3]}.{REMOTE_CLASS}"}
+            write_remote_code(model, path, data)
     config_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 
