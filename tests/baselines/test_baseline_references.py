@@ -121,8 +121,9 @@ def test_ppl_matches_remove_blocks_and_perplexity(llama, windows):
     work = r.info["measurement"]
     assert r.passes["forward"] == work["original_calls"] == 2 and work["full_calls"] == 0
     assert work["set_evaluations"] == 2 * N_LAYERS
-    # removing layer i runs the layers after it: Σ_i (N − 1 − i) decoder-layer calls per batch
-    assert work["layer_calls"] == 2 * sum(N_LAYERS - 1 - i for i in range(N_LAYERS))
+    # removing layer i runs the layers after it: Σ_i (N − 1 − i) decoder-layer calls per batch, plus the replay's
+    # check of the last layer against the original logits, once per batch
+    assert work["layer_calls"] == 2 * (sum(N_LAYERS - 1 - i for i in range(N_LAYERS)) + 1)
 
 
 def test_ppl_sublayer_matches_remove_sublayers(llama, windows):
@@ -223,9 +224,9 @@ def test_methods_registry_and_errors(llama, windows):
 
 def test_prune_depth_dispatches_to_baselines(llama, windows, tiny_windows):
     from cbo.data import TokenSplits
-    from cbo.pipeline import baseline_methods, prune_depth
+    from cbo.pipeline import depth_methods, prune_depth
 
-    assert set(B.methods()) <= set(baseline_methods())
+    assert set(B.methods()) <= set(depth_methods())
     splits = TokenSplits(windows, tiny_windows(128, n=4, seq_len=12, seed=9), windows[:0])
     report = prune_depth(llama, splits=splits, remove=2, method="block_influence", progress=False, cache_dir=None)
     assert report.chosen_blocks == B.select_blocks("block_influence", llama, windows, 2)
