@@ -118,13 +118,19 @@ def nearest_existing(path: Path) -> Path:
 
 def check_creatable(path: Path, what: str) -> None:
     """OutputPathError unless ``path`` (a file or folder, maybe with missing parents) can be created or written."""
-    base = nearest_existing(path)
+    path = Path(os.path.abspath(path))
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise OutputPathError(
+                f"cannot write the {what} {str(path)!r}: permission denied on it; choose a writable place."
+            )
+        return
+    base = nearest_existing(path.parent)
     if not base.is_dir():
         raise OutputPathError(f"cannot write the {what} {str(path)!r}: {str(base)!r} is a file, not a folder.")
-    target = path if path.exists() else base
-    if not os.access(target, os.W_OK) or (target != base and not os.access(base, os.W_OK)):
+    if not os.access(base, os.W_OK):
         raise OutputPathError(
-            f"cannot write the {what} {str(path)!r}: permission denied on {str(target)!r}; choose a writable place."
+            f"cannot write the {what} {str(path)!r}: permission denied on {str(base)!r}; choose a writable place."
         )
 
 

@@ -154,3 +154,16 @@ def test_a_model_folder_an_earlier_cbo_saved_is_written_again(tmp_path, no_work)
     (earlier / "config.json").write_text(json.dumps({"cbo_pruned_format": 1, "model_type": "llama"}))
     (earlier / "model.safetensors").write_bytes(b"x")
     assert isinstance(_run("demo", "--out", str(earlier)).exception, WorkStarted)
+
+
+def test_an_existing_output_file_is_written_again(tmp_path):
+    """A file a command wrote before (or any writable file at the path) is replaced, as a rerun expects."""
+    path = tmp_path / "q.cboq"
+    for seed in ("0", "1"):
+        res = _run("qubo", "random", "--n", "6", "--seed", seed, "-o", str(path))
+        assert res.exit_code == 0, res.output
+    out = tmp_path / "states.json"
+    out.write_text("old")
+    res = _run("solve", str(path), "--remove", "2", "--solver", "enumerate", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert out.read_text() != "old"
