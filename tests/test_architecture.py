@@ -132,3 +132,10 @@ def test_core_imports_without_torch(module):
         "import cbo; cbo.solve(cbo.BlockQUBO([[1.0, 0.0], [0.0, 2.0]]), 1, 'enumerate')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_test_files_have_unique_basenames():
+    # pytest imports test files by basename (no packages under tests/): two files of one name stop collection
+    tests = Path(__file__).resolve().parent
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
