@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test", type=int, help="test windows (default 64)")
     p.add_argument("--offspring", type=int, help="EvoPress λ (default 32, the published setting; 16 is its fast one)")
     p.add_argument("--generations", type=int, help="EvoPress generations (default: int(k(n-k)/1.5), published)")
+    p.add_argument(
+        "--evopress-budget",
+        type=float,
+        default=None,
+        help="stop EvoPress once it has spent this many FPE (a capped run; its checkpoint resumes without it)",
+    )
     p.add_argument("--stage-windows", help="EvoPress windows of selection stage 1 and 2 (default 1,16)")
     p.add_argument("--sleb-windows", type=int, help="calibration windows SLEB measures with (default 8)")
     p.add_argument(
@@ -198,7 +205,12 @@ class Point:
         if m.pairs != before:
             path = self._eval_path(split)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
+            if path.exists():  # another process may have cached sets meanwhile: keep theirs too
+                try:
+                    merge_values(m, json.loads(path.read_text()))
+                except (ValueError, KeyError):
+                    pass
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(m.state()))
             tmp.replace(path)
         return values
@@ -207,6 +219,14 @@ class Point:
         for m in self._evals.values():
             m.executor.close()
         self._evals.clear()
+
+
+def merge_values(m: Any, state: dict[str, Any]) -> None:
+    """Add the (set, window) values of a saved ``Measurements`` state that ``m`` does not hold (uncharged)."""
+    for key, rows in state["values"]:
+        have = m.values.setdefault(tuple(key), {})
+        for w, a, b in rows:
+            have.setdefault(int(w), (float(a), float(b)))
 
 
 def log_progress(point: str, method: str):
@@ -233,7 +253,7 @@ def evopress_settings(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_evopress(point: Point, args: argparse.Namespace) -> dict[str, Any]:
-    from cbo.evopress import evopress
+    from cbo.baselines.evopress import evopress
     from cbo.executors import Measurements
 
     m = Measurements(point.executor("calibration"))
@@ -242,13 +262,24 @@ def run_evopress(point: Point, args: argparse.Namespace) -> dict[str, Any]:
         m,
         point.kinds,
         point.counts,
+        budget=args.evopress_budget,
         checkpoint=point.checkpoint("evopress"),
         progress=log_progress(point.name, "evopress"),
         **settings,
     )
     m.executor.close()
     steps = [{"fpe": h["fpe"], "removed": h["removed"], "search_loss": h["fitness"]} for h in r.history]
-    return {"removed": r.removed, "fpe": r.fpe, "steps": steps, "info": {"generations": r.generations, **settings}}
+    return {
+        "removed": r.removed,
+        "fpe": r.fpe,
+        "steps": steps,
+        "info": {
+            "generations": r.generations,
+            "stopped": r.stopped,
+            "budget": args.evopress_budget,
+            **settings,
+        },
+    }
 
 
 def evopress_fpe(point: Point, args: argparse.Namespace) -> tuple[float, str]:
@@ -256,7 +287,7 @@ def evopress_fpe(point: Point, args: argparse.Namespace) -> tuple[float, str]:
     path = point.result_path("evopress")
     if path.exists():
         return float(json.loads(path.read_text())["fpe"]), "measured"
-    from cbo.evopress import check_counts, default_generations
+    from cbo.baselines.evopress import check_counts, default_generations
 
     settings = evopress_settings(point, args)
     counts = check_counts(point.kinds, point.counts)
@@ -367,7 +398,7 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     """Random sets with the target counts, 16 per batch on the high-fidelity windows, until refine's budget is spent."""
     import numpy as np
 
-    from cbo.evopress import check_counts
+    from cbo.baselines.evopress import check_counts
     from cbo.executors import Measurements
 
     budget, how = refine_budget(point, args)
@@ -435,7 +466,7 @@ def run_sleb(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_blockpruner(point: Point, args: argparse.Namespace) -> dict[str, Any]:
-    from cbo.blockpruner import blockpruner
+    from cbo.baselines.blockpruner import blockpruner
     from cbo.executors import Measurements
 
     if point.granularity != "sublayer":

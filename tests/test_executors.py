@@ -92,7 +92,7 @@ def test_ray_pool_gives_the_in_process_results(tiny_model, tiny_windows, monkeyp
     import ray
     from ray import cloudpickle
 
-    from cbo.evopress import evopress
+    from cbo.baselines.evopress import evopress
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
 

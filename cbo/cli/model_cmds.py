@@ -106,6 +106,12 @@ def prune(
     ratio: Optional[float] = typer.Option(
         None, "--ratio", "-r", help="With --width: fraction of the parameters to remove, in (0, 1)."
     ),
+    refine: Optional[float] = typer.Option(
+        None,
+        "--refine",
+        help="Refine the QUBO with measurements before validating: BUDGET in forward-pass equivalents (one FPE ="
+        " one full forward pass over one calibration window), e.g. --refine 400. Off by default.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
@@ -124,6 +130,8 @@ def prune(
                     "--width NAME --ratio R` to combine them."
                 )
             )
+        if refine is not None:
+            fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop --refine."))
         if ratio is None:
             fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
         _prune_width(model, width, ratio, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet)
@@ -153,6 +161,7 @@ def prune(
             batch_size=batch_size,
             estimator_options=opts,
             progress=not quiet,
+            refine=refine,
         )
         if out is not None:
             report.save_model(out)
