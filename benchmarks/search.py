@@ -526,9 +526,28 @@ def curve_indices(steps: list[dict[str, Any]], count: int) -> list[int]:
     return sorted(chosen)
 
 
+EQUAL = "evopress@refine-fpe"  # EvoPress's incumbent once it has spent what refine spent in all
+
+
+def at_equal_cost(results: dict[str, Any]) -> dict[str, Any] | None:
+    """EvoPress's incumbent after its last generation within refine's FPE: the anytime comparison at equal cost."""
+    if "refine" not in results or "evopress" not in results:
+        return None
+    spent = results["refine"]["fpe"]
+    steps = [st for st in results["evopress"]["steps"] if st["fpe"] <= spent]
+    if not steps:
+        return None
+    last = steps[-1]
+    return {"removed": last["removed"], "fpe": last["fpe"], "steps": steps}
+
+
 def evaluate_point(point: Point, results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Calibration KL of every incumbent, test PPL of the curve's incumbents, per-window test NLL of the finals."""
     out: dict[str, Any] = {}
+    results = dict(results)
+    equal = at_equal_cost(results)
+    if equal is not None:
+        results[EQUAL] = equal
     for method, r in results.items():
         steps = r["steps"]
         sets = [st["removed"] for st in steps if st.get("removed")]
@@ -559,27 +578,18 @@ def evaluate_point(point: Point, results: dict[str, Any], args: argparse.Namespa
     return out
 
 
-def paired_ratio(a: list[float], b: list[float], resamples: int, seed: int = 0) -> tuple[float, float, float]:
-    """PPL ratio a/b on the same test windows and its paired bootstrap 95 % interval (windows resampled)."""
-    import numpy as np
-
-    a, b = np.asarray(a), np.asarray(b)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a), size=(resamples, len(a)))
-    ratios = np.exp(a[idx].mean(axis=1) - b[idx].mean(axis=1))
-    return float(np.exp(a.mean() - b.mean())), float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
-
-
 def compare(evals: dict[str, Any], resamples: int) -> dict[str, Any]:
     """refine's test PPL ratio against each baseline and against the best baseline (by test PPL), with intervals."""
+    from cbo.stats import paired_ppl_ratio
+
     if "refine" not in evals:
         return {}
     ref = evals["refine"]["test_nll"]
     out = {}
     for method, e in evals.items():
         if method != "refine":
-            out[method] = paired_ratio(ref, e["test_nll"], resamples)
-    base = [m for m in evals if m != "refine"]
+            out[method] = paired_ppl_ratio(ref, e["test_nll"], resamples)
+    base = [m for m in evals if m not in ("refine", EQUAL)]
     if base:
         best = min(base, key=lambda m: evals[m]["test_ppl"])
         out["best_baseline"] = best
@@ -688,7 +698,7 @@ def markdown(result: dict) -> str:
         evo = evals.get("evopress", {}).get("fpe")
         lines += ["", f"## {name} (unpruned test PPL {C.fmt(entry.get('original_test_ppl'))})", ""]
         rows = []
-        for method in METHODS:
+        for method in (*METHODS, EQUAL):
             if method not in evals:
                 continue
             e = evals[method]
