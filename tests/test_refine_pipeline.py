@@ -28,21 +28,22 @@ def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_wi
     from cbo.blocks import find_blocks
     from cbo.hessian.measure import measure_sets
 
-    model = tiny_model("llama", n_layers=7, seed=3)
-    splits = _splits(model, tiny_windows)
+    model = tiny_model("llama", n_layers=6, seed=3)
+    splits = _splits(model, tiny_windows, n_cal=4, n_val=4)
     kw = dict(splits=splits, remove=3, top_k=10, validate=10, **SOLVE)
     plain = prune_depth(model, None, **kw)
     refined = prune_depth(model, None, refine=2000, **{**kw, "cache_dir": tmp_path})
     assert refined.chosen.kl <= plain.chosen.kl + 1e-9
 
     # the refined candidates are measured sets, lowest calibration KL first; with this budget the loop measures
-    # every one of the C(7, 3) sets, so its best is the brute-force best (an independent measurement)
+    # every one of the C(6, 3) sets, so its best is the brute-force best (an independent measurement)
     blocks = find_blocks(model, "layer")
-    every = [list(s) for s in itertools.combinations(range(7), 3)]
+    every = [list(s) for s in itertools.combinations(range(6), 3)]
     kl = measure_sets(model, blocks, splits.calibration, every)["kl"].mean(axis=1)
     assert refined.states.removed(0) == every[int(np.argmin(kl))]
     assert refined.states.energies[0] == pytest.approx(kl.min(), rel=1e-5)
-    assert [v.removed for v in refined.validation] == [refined.states.removed(k) for k in range(10)]
+    n_validated = min(10, len(refined.states))  # the loop may stop (converged) before 10 sets are measured
+    assert [v.removed for v in refined.validation] == [refined.states.removed(k) for k in range(n_validated)]
 
     work = refined.work["refine"]
     assert work["budget"] == 2000 and 0 < work["forward_equivalents"] <= 2000 + splits.calibration.shape[0]
@@ -71,8 +72,10 @@ def test_bad_refine_budgets_are_refused_before_any_forward_pass(tiny_model, tiny
     for bad in (0, -5, True, "300", float("nan"), float("inf")):
         with pytest.raises(InvalidOptionError, match="refine must be a budget"):
             prune_depth(model, None, splits=splits, remove=1, refine=bad, **SOLVE)
-    with pytest.raises(InvalidOptionError, match="cannot pay one round.*refine >= 26"):
-        prune_depth(model, None, splits=splits, remove=1, refine=20, **SOLVE)  # 16 x 2 + 4 x 4 + 6 windows
+    with pytest.raises(InvalidOptionError, match=r"cannot pay one round.*refine >= 54"):
+        prune_depth(
+            model, None, splits=splits, remove=1, refine=20, **SOLVE
+        )  # 16 sets x 2 windows + 4 x 4 more + 6 original passes
     with pytest.raises(CBOError, match="method='cbo' only"):
         prune_depth(model, None, splits=splits, remove=1, refine=300, method="sleb", **SOLVE)
 
