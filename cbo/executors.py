@@ -92,15 +92,12 @@ class WindowLosses:
         if not 0 <= window < self.n_windows:
             raise CBOError(f"window {window} is out of range 0..{self.n_windows - 1}")
         meter = self._meter(window)
-        before = (meter.layer_calls, meter.tail_calls, meter.full_calls, meter.original_calls)
+        meter.base  # noqa: B018 - the window's original pass (teacher, streams), done before counting
+        # the original pass is charged by Measurements, once per window, so that the count does not depend on which
+        # replica still holds a window; the rest is the measurer's own count in FPE (layer and head parameters run)
+        before = meter.cost
         values = meter.losses(sets)
-        layers, tails, full, original = (
-            a - b for a, b in zip((meter.layer_calls, meter.tail_calls, meter.full_calls, meter.original_calls), before)
-        )
-        # the original pass (teacher, streams) is charged by Measurements, once per window, so that the count does
-        # not depend on which replica still holds a window
-        del original
-        cost = float(full) + (layers + self.head_cost * tails) / (self.n_layers + self.head_cost)
+        cost = float(meter.cost - before)
         self.fpe += cost
         kl = np.array([float(v["kl"][0]) for v in values])
         ce = np.array([float(v["ce"][0]) for v in values])
