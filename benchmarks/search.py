@@ -15,10 +15,10 @@ Every method is checkpointed (a rerun resumes where it stopped and loses no fini
 is cached under ``--out``, so a grid can be staged over several sessions: ``--points`` and ``--methods`` choose
 what runs now; ``--report`` rewrites the tables and plots from what is there.
 
-    .venv/bin/python benchmarks/search.py --points layer-15-s0                  # one grid point
-    .venv/bin/python benchmarks/search.py                                       # the whole grid
-    .venv/bin/python benchmarks/search.py --quick                               # minutes; what the test suite runs
-    .venv/bin/python benchmarks/search.py --report                              # tables and plots only
+    .venv/bin/python -m benchmarks.search --points layer-15-s0                  # one grid point
+    .venv/bin/python -m benchmarks.search                                       # the whole grid
+    .venv/bin/python -m benchmarks.search --quick                               # minutes; what the test suite runs
+    .venv/bin/python -m benchmarks.search --report                              # tables and plots only
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test", type=int, help="test windows (default 64)")
     p.add_argument("--offspring", type=int, help="EvoPress λ (default 32, the published setting; 16 is its fast one)")
     p.add_argument("--generations", type=int, help="EvoPress generations (default: int(k(n-k)/1.5), published)")
+    p.add_argument(
+        "--evopress-budget",
+        type=float,
+        default=None,
+        help="stop EvoPress once it has spent this many FPE (a capped run; its checkpoint resumes without it)",
+    )
     p.add_argument("--stage-windows", help="EvoPress windows of selection stage 1 and 2 (default 1,16)")
     p.add_argument("--sleb-windows", type=int, help="calibration windows SLEB measures with (default 8)")
     p.add_argument(
@@ -198,7 +205,12 @@ class Point:
         if m.pairs != before:
             path = self._eval_path(split)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
+            if path.exists():  # another process may have cached sets meanwhile: keep theirs too
+                try:
+                    merge_values(m, json.loads(path.read_text()))
+                except (ValueError, KeyError):
+                    pass
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(m.state()))
             tmp.replace(path)
         return values
@@ -207,6 +219,14 @@ class Point:
         for m in self._evals.values():
             m.executor.close()
         self._evals.clear()
+
+
+def merge_values(m: Any, state: dict[str, Any]) -> None:
+    """Add the (set, window) values of a saved ``Measurements`` state that ``m`` does not hold (uncharged)."""
+    for key, rows in state["values"]:
+        have = m.values.setdefault(tuple(key), {})
+        for w, a, b in rows:
+            have.setdefault(int(w), (float(a), float(b)))
 
 
 def log_progress(point: str, method: str):
@@ -233,7 +253,7 @@ def evopress_settings(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_evopress(point: Point, args: argparse.Namespace) -> dict[str, Any]:
-    from cbo.evopress import evopress
+    from cbo.baselines.evopress import evopress
     from cbo.executors import Measurements
 
     m = Measurements(point.executor("calibration"))
@@ -242,13 +262,24 @@ def run_evopress(point: Point, args: argparse.Namespace) -> dict[str, Any]:
         m,
         point.kinds,
         point.counts,
+        budget=args.evopress_budget,
         checkpoint=point.checkpoint("evopress"),
         progress=log_progress(point.name, "evopress"),
         **settings,
     )
     m.executor.close()
     steps = [{"fpe": h["fpe"], "removed": h["removed"], "search_loss": h["fitness"]} for h in r.history]
-    return {"removed": r.removed, "fpe": r.fpe, "steps": steps, "info": {"generations": r.generations, **settings}}
+    return {
+        "removed": r.removed,
+        "fpe": r.fpe,
+        "steps": steps,
+        "info": {
+            "generations": r.generations,
+            "stopped": r.stopped,
+            "budget": args.evopress_budget,
+            **settings,
+        },
+    }
 
 
 def evopress_fpe(point: Point, args: argparse.Namespace) -> tuple[float, str]:
@@ -256,7 +287,7 @@ def evopress_fpe(point: Point, args: argparse.Namespace) -> tuple[float, str]:
     path = point.result_path("evopress")
     if path.exists():
         return float(json.loads(path.read_text())["fpe"]), "measured"
-    from cbo.evopress import check_counts, default_generations
+    from cbo.baselines.evopress import check_counts, default_generations
 
     settings = evopress_settings(point, args)
     counts = check_counts(point.kinds, point.counts)
@@ -367,7 +398,7 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     """Random sets with the target counts, 16 per batch on the high-fidelity windows, until refine's budget is spent."""
     import numpy as np
 
-    from cbo.evopress import check_counts
+    from cbo.baselines.evopress import check_counts
     from cbo.executors import Measurements
 
     budget, how = refine_budget(point, args)
@@ -435,7 +466,7 @@ def run_sleb(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_blockpruner(point: Point, args: argparse.Namespace) -> dict[str, Any]:
-    from cbo.blockpruner import blockpruner
+    from cbo.baselines.blockpruner import blockpruner
     from cbo.executors import Measurements
 
     if point.granularity != "sublayer":
@@ -495,9 +526,28 @@ def curve_indices(steps: list[dict[str, Any]], count: int) -> list[int]:
     return sorted(chosen)
 
 
+EQUAL = "evopress@refine-fpe"  # EvoPress's incumbent once it has spent what refine spent in all
+
+
+def at_equal_cost(results: dict[str, Any]) -> dict[str, Any] | None:
+    """EvoPress's incumbent after its last generation within refine's FPE: the anytime comparison at equal cost."""
+    if "refine" not in results or "evopress" not in results:
+        return None
+    spent = results["refine"]["fpe"]
+    steps = [st for st in results["evopress"]["steps"] if st["fpe"] <= spent]
+    if not steps:
+        return None
+    last = steps[-1]
+    return {"removed": last["removed"], "fpe": last["fpe"], "steps": steps}
+
+
 def evaluate_point(point: Point, results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Calibration KL of every incumbent, test PPL of the curve's incumbents, per-window test NLL of the finals."""
     out: dict[str, Any] = {}
+    results = dict(results)
+    equal = at_equal_cost(results)
+    if equal is not None:
+        results[EQUAL] = equal
     for method, r in results.items():
         steps = r["steps"]
         sets = [st["removed"] for st in steps if st.get("removed")]
@@ -528,27 +578,18 @@ def evaluate_point(point: Point, results: dict[str, Any], args: argparse.Namespa
     return out
 
 
-def paired_ratio(a: list[float], b: list[float], resamples: int, seed: int = 0) -> tuple[float, float, float]:
-    """PPL ratio a/b on the same test windows and its paired bootstrap 95 % interval (windows resampled)."""
-    import numpy as np
-
-    a, b = np.asarray(a), np.asarray(b)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(a), size=(resamples, len(a)))
-    ratios = np.exp(a[idx].mean(axis=1) - b[idx].mean(axis=1))
-    return float(np.exp(a.mean() - b.mean())), float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
-
-
 def compare(evals: dict[str, Any], resamples: int) -> dict[str, Any]:
     """refine's test PPL ratio against each baseline and against the best baseline (by test PPL), with intervals."""
+    from cbo.stats import paired_ppl_ratio
+
     if "refine" not in evals:
         return {}
     ref = evals["refine"]["test_nll"]
     out = {}
     for method, e in evals.items():
         if method != "refine":
-            out[method] = paired_ratio(ref, e["test_nll"], resamples)
-    base = [m for m in evals if m != "refine"]
+            out[method] = paired_ppl_ratio(ref, e["test_nll"], resamples)
+    base = [m for m in evals if m not in ("refine", EQUAL)]
     if base:
         best = min(base, key=lambda m: evals[m]["test_ppl"])
         out["best_baseline"] = best
@@ -657,7 +698,7 @@ def markdown(result: dict) -> str:
         evo = evals.get("evopress", {}).get("fpe")
         lines += ["", f"## {name} (unpruned test PPL {C.fmt(entry.get('original_test_ppl'))})", ""]
         rows = []
-        for method in METHODS:
+        for method in (*METHODS, EQUAL):
             if method not in evals:
                 continue
             e = evals[method]

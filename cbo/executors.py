@@ -1,6 +1,6 @@
 """Batched measurements of removal sets on a pool of token windows: in this process, or on a Ray pool of replicas.
 
-The search methods (``cbo.evopress``, ``cbo.blockpruner``, ``cbo.refine``) ask one question: the per-window loss
+The search methods (``cbo.baselines.evopress``, ``cbo.baselines.blockpruner``, ``cbo.refine``) ask one question: the per-window loss
 (KL to the original model, or next-token cross-entropy) of many removal sets on some windows of a fixed pool.
 :class:`Measurements` answers it, keeps every answer (so no (set, window) pair is measured twice and an
 interrupted search loses nothing it checkpointed), and counts the work in forward-pass equivalents. The work

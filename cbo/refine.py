@@ -388,14 +388,21 @@ def refine(
     validate = int(options.get("validate", 10))
     _check(low, high, 1, 0, 0.5, validate, 1, measure.n_windows, budget)
     _, hi_ids = fidelity_windows(measure.n_windows, low, high, np.random.default_rng(seed))
-    prior_qubo, prior_cost = _prior(model, block_list, calibration, hi_ids, prior, prior_cost, measure)
-    prior_qubo = prior_qubo.with_constraints(keep=tuple(keep), caps=dict(caps or {}))
     validate_fn, reserve = None, 0.0
     if validation is not None:
         vmeasure = Measurements(InProcessExecutor(model, block_list, validation))
         # an upper bound, so the budget holds: a set costs at most one full pass per window, plus each window's
         # original pass
         reserve = float(validate * vmeasure.n_windows + vmeasure.n_windows)
+        if reserve + float(prior_cost if isinstance(prior, BlockQUBO) else 0.0) >= budget:  # before the prior
+            raise InvalidOptionError(
+                f"budget={budget} FPE does not cover the validation reserve ({reserve:.0f} FPE: {validate} sets "
+                f"on {vmeasure.n_windows} windows, plus their original passes) and the prior; raise the budget "
+                "or validate fewer sets"
+            )
+    prior_qubo, prior_cost = _prior(model, block_list, calibration, hi_ids, prior, prior_cost, measure)
+    prior_qubo = prior_qubo.with_constraints(keep=tuple(keep), caps=dict(caps or {}))
+    if validation is not None:
 
         def validate_fn(sets: list[tuple[int, ...]]) -> tuple[np.ndarray, float]:
             values = vmeasure(sets, list(range(vmeasure.n_windows))).mean(axis=1)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from synthetic_losses import SyntheticExecutor, planted_quadratic
 
-from cbo.blockpruner import blockpruner, blockpruner_blocks
+from cbo.baselines.blockpruner import blockpruner, blockpruner_blocks
 from cbo.errors import InvalidOptionError
 from cbo.executors import Measurements
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from synthetic_losses import SyntheticExecutor, planted_quadratic
 
+from cbo.baselines.evopress import default_generations, evopress, evopress_blocks
 from cbo.errors import InvalidOptionError
-from cbo.evopress import default_generations, evopress, evopress_blocks
 from cbo.executors import Measurements
 
 SUBLAYER_KINDS = ["attention", "mlp"] * 10  # 10 layers' halves, interleaved as find_blocks orders them

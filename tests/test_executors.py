@@ -103,7 +103,7 @@ def test_ray_pool_gives_the_in_process_results(tiny_model, tiny_windows, monkeyp
     import ray
     from ray import cloudpickle
 
-    from cbo.evopress import evopress
+    from cbo.baselines.evopress import evopress
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
 
@@ -122,6 +122,7 @@ def test_ray_pool_gives_the_in_process_results(tiny_model, tiny_windows, monkeyp
         b = evopress(Measurements(InProcessExecutor(model, blocks, windows)), ["layer"] * 4, 2, **opts)
         assert [h["removed"] for h in a.history] == [h["removed"] for h in b.history]
         assert [h["fitness"] for h in a.history] == pytest.approx([h["fitness"] for h in b.history], rel=1e-5)
+        assert [h["fpe"] for h in a.history] == pytest.approx([h["fpe"] for h in b.history])
         assert a.fpe == pytest.approx(b.fpe)
         pool.close()
     finally:

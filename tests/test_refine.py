@@ -175,3 +175,17 @@ def test_a_budget_below_the_prior_and_validation_is_refused_before_any_round():
     with pytest.raises(InvalidOptionError, match="does not cover the prior"):
         _loop(fn, 8, 3, ex, budget=50, prior_cost=40.0, validation_cost=20.0)
     assert ex.requests == []
+
+
+def test_a_budget_below_the_validation_reserve_is_refused_before_the_prior(tiny_model, tiny_windows, monkeypatch):
+    model = tiny_model("llama", n_layers=4, seed=0)
+    calibration = tiny_windows(model, n=3, seq_len=12, seed=1)
+    validation = tiny_windows(model, n=4, seq_len=12, seed=2)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the prior was measured before the budget was checked")
+
+    monkeypatch.setattr(model, "forward", boom)
+    # the reserve: 10 sets on 4 validation windows at most one full pass each, plus the 4 original passes
+    with pytest.raises(InvalidOptionError, match=r"validation reserve \(44 FPE"):
+        refine(model, "layer", calibration, validation, remove=2, budget=40, validate=10)

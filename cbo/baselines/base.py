@@ -36,7 +36,13 @@ from cbo.registry import Registry
 GRANULARITIES = ("layer", "sublayer")
 
 # the modules that register the built-in baselines (imported on the first registry lookup)
-BUILTINS = ("cbo.baselines.residual", "cbo.baselines.removal", "cbo.baselines.taylor")
+BUILTINS = (
+    "cbo.baselines.residual",
+    "cbo.baselines.removal",
+    "cbo.baselines.taylor",
+    "cbo.baselines.evopress",
+    "cbo.baselines.blockpruner",
+)
 
 BASELINES: Registry[type[Baseline]] = Registry(
     "depth baseline", error=UnknownNameError, option_error=InvalidOptionError, builtins=BUILTINS

@@ -143,6 +143,12 @@ def prune(
         "(local, or cached in this lm-eval installation; needs cbo[eval]).",
     ),
     tasks_limit: Optional[int] = typer.Option(None, "--tasks-limit", help="Items per task (default: all)."),
+    refine: Optional[float] = typer.Option(
+        None,
+        "--refine",
+        help="Refine the QUBO with measurements before validating: BUDGET in forward-pass equivalents (one FPE ="
+        " one full forward pass over one calibration window), e.g. --refine 400. Off by default.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
@@ -165,6 +171,8 @@ def prune(
                     "--width NAME --ratio R` to combine them."
                 )
             )
+        if refine is not None:
+            fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop --refine."))
         if ratio is None:
             fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
         _prune_width(
@@ -210,6 +218,7 @@ def prune(
             batch_size=batch_size,
             estimator_options=opts,
             progress=not quiet,
+            refine=refine,
         )
         report.model_name = model
         task_results = None

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from cbo.errors import CBOError, InfeasibleError
+from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
 from cbo.pipeline.inputs import cache_dirs, model_and_tokenizer, token_splits
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo import BlockQUBO
@@ -104,6 +104,7 @@ def prune_depth(
     dtype: Any = None,
     device: Any = "cpu",
     progress: bool = True,
+    refine: float | None = None,
 ) -> DepthReport:
     """Remove ``remove`` blocks of a causal LM chosen by constrained binary optimization, validated on held-out text.
 
@@ -134,6 +135,12 @@ def prune_depth(
         splits: precomputed ``TokenSplits`` (then ``text`` and the window counts are not used).
         estimator_options / solver_options: passed to the estimator / solver.
         dtype, device: used when ``model`` is a name.
+        refine: a budget in forward-pass equivalents (one FPE: one full forward pass over one calibration
+            window) for refining the QUBO with measurements (``cbo.refine``): after the estimate, rounds of
+            proposals from the solver layer are measured on the calibration windows and the QUBO is refit on
+            them until the budget is spent; the measured sets with the lowest calibration loss are then the
+            candidates validated (``validate``). None (default): no refinement. The estimate and the validation
+            are paid as without it; ``report.work["refine"]`` holds the rounds' cost.
 
     Returns:
         A :class:`DepthReport`.
@@ -157,6 +164,7 @@ def prune_depth(
     for label, v, least in (("top_k", top_k, 1), ("validate", validate, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
             raise CBOError(f"{label} must be an integer >= {least}, got {v!r}.")
+    refine = check_refine(refine, method, n_calibration if splits is None else len(splits.calibration))
 
     t = time.perf_counter()
     model, tokenizer, model_label = model_and_tokenizer(
@@ -196,6 +204,12 @@ def prune_depth(
             hessian_cache, estimator_options, solver_options, progress, timings,
             constraints={"caps": dict(caps or {}), "max_removed_params": budget_params},
         )  # fmt: skip
+        if refine is not None:
+            qubo, states, refine_work = refine_qubo(
+                model, blocks, splits.calibration, qubo, remove, refine, solver=solver,
+                solver_options=solver_options, seed=seed, cache=measure_cache, progress=progress,
+            )  # fmt: skip
+            timings["refine"] = refine_work.pop("wall_time")
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
     else:
         from cbo.baselines import select_blocks
@@ -213,6 +227,9 @@ def prune_depth(
     validated, original_metrics, measured, work = [], {}, {}, {}
     if qubo is not None:
         work["estimate_forward_equivalents"] = qubo.metadata.get("forward_equivalents")
+    if refine is not None:
+        work["estimate_forward_equivalents"] = refine_work["prior_forward_equivalents"]
+        work["refine"] = refine_work
     if splits.validation.shape[0]:
         validation = validate_candidates(
             model, blocks, splits.validation, candidates, validate, batch_size=batch_size, cache_dir=measure_cache,
@@ -270,8 +287,105 @@ def prune_depth(
             "estimator_options": estimator_options,
             "solver_options": solver_options or {},
             "requested_solver": solver,
+            "refine": refine,
         },
     )
+
+
+# the refinement loop's fidelities in prune_depth: proposals per round on LOW windows, PROMOTE of them on HIGH
+REFINE_LOW, REFINE_HIGH, REFINE_BATCH, REFINE_PROMOTE = 2, 16, 16, 4
+
+
+def refine_windows(n_calibration: int) -> tuple[int, int]:
+    """(low, high) fidelity windows of ``prune_depth``'s refinement for a calibration split of that size."""
+    high = min(REFINE_HIGH, n_calibration)
+    return min(REFINE_LOW, high), high
+
+
+def check_refine(refine: Any, method: str, n_calibration: int) -> float | None:
+    """The refine budget checked before any work: a positive FPE count that pays at least one round."""
+    if refine is None:
+        return None
+    if method != "cbo":
+        raise InvalidOptionError(f"refine applies to method='cbo' only, got method={method!r}; drop refine.")
+    ok = isinstance(refine, (int, float, np.integer, np.floating)) and not isinstance(refine, bool)
+    if not ok or not math.isfinite(float(refine)) or float(refine) <= 0:
+        raise InvalidOptionError(
+            f"refine must be a budget in forward-pass equivalents > 0 (e.g. refine=300), got {refine!r}."
+        )
+    low, high = refine_windows(max(int(n_calibration), 1))
+    one_round = REFINE_BATCH * low + REFINE_PROMOTE * (high - low) + high  # the first round's windows' originals
+    if float(refine) < one_round:
+        raise InvalidOptionError(
+            f"refine={refine!r} FPE cannot pay one round of refinement ({one_round} FPE with {n_calibration} "
+            f"calibration windows: {REFINE_BATCH} sets on {low} windows, {REFINE_PROMOTE} on {high}); give "
+            f"refine >= {one_round}."
+        )
+    return float(refine)
+
+
+def refine_qubo(
+    model: Any,
+    blocks: Sequence[Any],
+    calibration: Any,
+    prior: BlockQUBO,
+    remove: int,
+    budget: float,
+    *,
+    solver: str = "auto",
+    solver_options: dict[str, Any] | None = None,
+    seed: int = 0,
+    cache: Path | None = None,
+    progress: bool = False,
+) -> tuple[BlockQUBO, Any, dict[str, Any]]:
+    """``prior`` refined with measurements on the calibration windows (``cbo.refine.refine_search``).
+
+    Returns the refined QUBO, the ``RankedStates`` of the sets measured at high fidelity (lowest calibration KL
+    first; these are the candidates to validate) and the work: the rounds' FPE, rounds, why it stopped. With a
+    ``cache`` folder every round is checkpointed there, so an interrupted refinement resumes.
+    """
+    from cbo.data import data_hash
+    from cbo.executors import InProcessExecutor, Measurements
+    from cbo.hessian.fingerprint import model_fingerprint
+    from cbo.progress import progress_bar
+    from cbo.refine import refine_search
+
+    t = time.perf_counter()
+    low, high = refine_windows(int(calibration.shape[0]))
+    checkpoint = None
+    if cache is not None:
+        key = f"{model_fingerprint(model)[:12]}-{data_hash(calibration)[:12]}-{blocks[0].kind}-M{remove}-s{seed}"
+        checkpoint = Path(cache) / "refine" / f"{key}.json"
+    bar = progress_bar(progress, total=int(budget), desc="refine", unit="FPE")
+
+    def report(info: dict[str, Any]) -> None:
+        if bar is not None:
+            bar.n = min(int(info["fpe"]), int(budget))
+            bar.set_postfix(round=info["round"], best_kl=f"{info['best']:.4g}", refresh=False)
+            bar.refresh()
+
+    executor = InProcessExecutor(model, blocks, calibration)
+    try:
+        r = refine_search(
+            Measurements(executor), prior, remove, budget=budget, low_windows=low, high_windows=high,
+            batch=REFINE_BATCH, promote=REFINE_PROMOTE, validate=1, solver=solver, solver_options=solver_options,
+            seed=seed, checkpoint=checkpoint, progress=report,
+        )  # fmt: skip
+    finally:
+        executor.close()
+        if bar is not None:
+            bar.close()
+    work = {
+        "forward_equivalents": r.cost["rounds"],
+        "budget": budget,
+        "rounds": len(r.rounds),
+        "stopped": r.stopped,
+        "measured_sets": len(r.states),
+        "best_calibration_kl": float(r.states.energies[0]),
+        "prior_forward_equivalents": prior.metadata.get("forward_equivalents"),
+        "wall_time": time.perf_counter() - t,
+    }
+    return r.qubo, r.states, work
 
 
 def _estimate_and_solve(

@@ -25,7 +25,10 @@ from cbo.errors import CBOError, DataError, InfeasibleError, InvalidOptionError,
 N_LAYERS = 5
 N_WINDOWS, SEQ_LEN, BATCH = 5, 8, 3  # two batches, the second short: accumulation across uneven batches
 MAX_M = 3
-OPTIONS: dict[str, dict] = {"taylor": {"protect": (1, 0)}}
+OPTIONS: dict[str, dict] = {
+    "taylor": {"protect": (1, 0)},
+    "evopress": {"offspring": 4, "generations": 3, "initial": 6, "final_windows": 3},
+}
 
 
 def _cases() -> list:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -19,16 +18,14 @@ def test_grid_points_parse_and_bad_ones_are_refused():
             S.parse_point(bad)
 
 
-def test_paired_bootstrap_ratio():
+def test_evopress_at_refines_cost_is_its_incumbent_within_that_fpe():
     S = bench_module("search")
-    rng = np.random.default_rng(0)
-    a = rng.normal(4.0, 0.5, 64)
-    assert S.paired_ratio(a, a, 500) == (1.0, 1.0, 1.0)
-    ratio, lo, hi = S.paired_ratio(a - 0.1, a, 500)  # every window 0.1 nats better: exactly exp(-0.1)
-    assert ratio == pytest.approx(math.exp(-0.1)) and lo == pytest.approx(ratio) and hi == pytest.approx(ratio)
-    b = a + rng.normal(0.0, 0.3, 64)
-    ratio, lo, hi = S.paired_ratio(a, b, 2000)
-    assert lo < ratio < hi and lo < 1.0 < hi * 1.2
+    evo = [{"fpe": f, "removed": [k], "search_loss": 1.0 / (k + 1)} for k, f in enumerate([10.0, 50.0, 90.0, 130.0])]
+    results = {"refine": {"fpe": 100.0, "steps": []}, "evopress": {"fpe": 130.0, "steps": evo}}
+    equal = S.at_equal_cost(results)
+    assert equal["removed"] == [2] and equal["fpe"] == 90.0 and len(equal["steps"]) == 3
+    assert S.at_equal_cost({"refine": {"fpe": 5.0}, "evopress": {"steps": evo}}) is None
+    assert S.at_equal_cost({"evopress": {"steps": evo}}) is None
 
 
 def test_curve_points_spread_in_log_fpe_and_keep_the_last():

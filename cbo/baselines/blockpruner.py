@@ -16,10 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from cbo.baselines.base import BASELINES, Baseline, RankContext
+from cbo.baselines.ranking import Ranking
 from cbo.errors import InvalidOptionError
 
 
@@ -48,6 +50,8 @@ def blockpruner(
     steps: int | None = None,
     windows: Sequence[int] | None = None,
     keep: Sequence[int] = (),
+    kinds: Sequence[str] | None = None,
+    caps: Mapping[str, int] | None = None,
     checkpoint: str | Path | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> BlockPrunerResult:
@@ -61,6 +65,8 @@ def blockpruner(
         steps: stop after this many removals (one of ``target_params`` / ``steps`` is needed).
         windows: the pool windows measured (default: all).
         keep: blocks never removed.
+        kinds / caps: the kind of each block and ``{kind: max}`` limits that hold at every step (a kind at its
+            limit is no longer a candidate).
         checkpoint: a JSON file written after every step (an interrupted run resumes).
         progress: called after each step with ``{"step", "ppl", "removed", "fpe"}``.
     """
@@ -76,8 +82,13 @@ def blockpruner(
         raise InvalidOptionError(
             f"target_params={target_params!r} must be in 1..{sum(sizes[i] for i in free)} (the removable parameters)"
         )
+    caps = dict(caps or {})
+    if caps and (kinds is None or len(kinds) != n):
+        raise InvalidOptionError(f"caps {caps} need kinds: one kind per block ({n} blocks)")
     ids = list(range(measure.n_windows)) if windows is None else [int(w) for w in windows]
     identity = {"method": "blockpruner", "sizes": [int(s) for s in sizes], "target": target_params, "steps": steps}
+    if caps:
+        identity["caps"] = caps
     ckpt = SearchCheckpoint(checkpoint, {**identity, "windows": ids, "keep": sorted(keep)}) if checkpoint else None
     saved = ckpt.load() if ckpt is not None else None
     order: list[int] = []
@@ -92,7 +103,10 @@ def blockpruner(
             steps is not None and len(order) >= steps
         ):
             break
-        candidates = [i for i in free if i not in order]
+        used = {k: sum(1 for i in order if kinds[i] == k) for k in caps} if kinds is not None else {}
+        candidates = [
+            i for i in free if i not in order and not (kinds and kinds[i] in caps and used[kinds[i]] >= caps[kinds[i]])
+        ]
         if not candidates:
             break
         ce = measure([order + [i] for i in candidates], ids, loss="ce").mean(axis=1)
@@ -115,3 +129,32 @@ def blockpruner_blocks(
 
     ex = executor if executor is not None else InProcessExecutor(model, blocks, calibration)
     return blockpruner(Measurements(ex), [int(b.n_params) for b in blocks], **options)
+
+
+@BASELINES.register
+class BlockPruner(Baseline):
+    """BlockPruner's greedy order (:func:`blockpruner`) up to ``max_remove`` halves; kind caps hold at each step."""
+
+    name = "blockpruner"
+    description = "BlockPruner: greedily remove the attention or MLP half that least raises calibration perplexity"
+    granularities = ("sublayer",)
+    ranks_up_to_max_remove = True
+
+    def rank(self, ctx: RankContext) -> Ranking:
+        from cbo.executors import InProcessExecutor, Measurements
+
+        executor = InProcessExecutor(ctx.model, ctx.blocks, ctx.windows)
+        try:
+            r = blockpruner(
+                Measurements(executor),
+                [int(b.n_params) for b in ctx.blocks],
+                steps=ctx.max_remove,
+                keep=ctx.keep,
+                kinds=[b.kind for b in ctx.blocks],
+                caps=ctx.caps,
+            )
+        finally:
+            executor.close()
+        ranking = ctx.ranking(order=r.order, order_losses=[math.log(p) for p in r.perplexity])
+        ranking.info.update({"fpe": r.fpe, "loss": "ce", "caps": dict(ctx.caps)})
+        return ranking

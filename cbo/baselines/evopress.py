@@ -32,7 +32,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from cbo.errors import InvalidOptionError
+from cbo.baselines.base import BASELINES, Baseline, RankContext
+from cbo.baselines.ranking import Ranking, json_number
+from cbo.errors import InfeasibleError, InvalidOptionError
 
 FAST = {"offspring": 16}  # the published fast setting
 
@@ -71,13 +73,21 @@ def check_counts(kinds: Sequence[str], remove: int | Mapping[str, int], keep: Se
     unknown = sorted(set(counts) - set(present))
     if unknown:
         raise InvalidOptionError(f"remove names kinds {unknown} that no block has; kinds present: {present}")
+    free: dict[str, int] = {}
     for kind in present:
-        free = sum(1 for i, k in enumerate(kinds) if k == kind and i not in set(keep))
+        free[kind] = sum(1 for i, k in enumerate(kinds) if k == kind and i not in set(keep))
         c = counts.setdefault(kind, 0)
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < max(free, 1):
-            raise InvalidOptionError(f"cannot remove {c!r} of kind {kind!r}: {free} removable; use 0..{free - 1}")
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= free[kind]:
+            raise InvalidOptionError(
+                f"cannot remove {c!r} of kind {kind!r}: {free[kind]} removable; use 0..{free[kind]}"
+            )
     if sum(counts.values()) < 1:
         raise InvalidOptionError(f"remove={remove!r} removes nothing; remove at least one block")
+    if not any(0 < counts[k] < free[k] for k in present):
+        raise InvalidOptionError(
+            f"cannot remove {counts}: every kind is removed entirely or not at all, so there is nothing to search; "
+            "remove fewer blocks"
+        )
     return counts
 
 
@@ -281,3 +291,116 @@ def evopress_blocks(
 
     ex = executor if executor is not None else InProcessExecutor(model, blocks, calibration)
     return evopress(Measurements(ex), [b.kind for b in blocks], remove, **options)
+
+
+# ---------------------------------------------------------------------------------------------- the baseline
+def kind_counts(
+    kinds: Sequence[str], remove: int, keep: Sequence[int] = (), caps: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """How many blocks of each kind a set of ``remove`` blocks holds when EvoPress runs through the registry.
+
+    EvoPress keeps every per-kind count fixed while it searches, so the counts are chosen first: an even split
+    over the kinds present (the remainder to the later kinds in block order: the MLP halves at sublayer level),
+    each kind capped by ``caps`` and by its removable blocks, the overflow moved to the kinds with room.
+
+    Raises:
+        InfeasibleError: the kinds' room (caps, kept blocks) holds fewer than ``remove`` blocks.
+    """
+    present = list(dict.fromkeys(kinds))
+    room = {k: sum(1 for i, kk in enumerate(kinds) if kk == k and i not in set(keep)) for k in present}
+    for k, limit in dict(caps or {}).items():
+        room[k] = min(room.get(k, 0), int(limit))
+    if sum(room.values()) < remove:
+        raise InfeasibleError(
+            f"evopress: {remove} blocks do not fit the per-kind room {room} (caps {dict(caps or {})}, kept "
+            f"{list(keep)}); remove at most {sum(room.values())}"
+        )
+    base, extra = divmod(int(remove), len(present))
+    want = {k: base + (1 if j >= len(present) - extra else 0) for j, k in enumerate(present)}
+    counts = {k: min(want[k], room[k]) for k in present}
+    left = int(remove) - sum(counts.values())
+    for k in reversed(present):  # the overflow goes to the kinds with room left, the later kinds first
+        more = min(left, room[k] - counts[k])
+        counts[k] += more
+        left -= more
+    return counts
+
+
+@dataclass
+class EvoPressOptions:
+    """Options of the ``evopress`` baseline (the published setting by default; ``offspring=16`` the fast one).
+
+    ``final_windows`` calibration windows score the last selection stage (16× the first stage's one window, as
+    2048 → 32768 tokens in the paper); the calibration windows must number at least that many.
+    """
+
+    offspring: int = 32
+    generations: int | None = None
+    initial: int = 64
+    initial_windows: int = 1
+    survivors: int = 2
+    final_windows: int = 16
+    max_mutations: int = 3
+    budget: float | None = None
+    seed: int = 0
+
+    def stages(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        return ((self.survivors, self.initial_windows), (1, self.final_windows))
+
+    def validate(self) -> None:
+        if self.budget is not None and (
+            isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not self.budget > 0
+        ):
+            raise InvalidOptionError(f"budget must be a number of FPE > 0 or None, got {self.budget!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            raise InvalidOptionError(f"seed must be an integer, got {self.seed!r}")
+        limit = 10**9  # the pool size is checked in rank(), once the windows are known
+        opts = (self.generations, self.offspring, self.initial, self.initial_windows)
+        _check_options(*opts, self.stages(), self.max_mutations, limit)
+
+
+@BASELINES.register
+class EvoPress(Baseline):
+    """EvoPress for M = ``max_remove`` (a per-M search: the ranking answers that M only), per-kind counts from
+    :func:`kind_counts`; the search itself is :func:`evopress` on a ``cbo.executors`` in-process executor."""
+
+    name = "evopress"
+    description = "EvoPress: (1+λ) evolutionary search over removal sets with KL fitness and multi-step selection"
+    Options = EvoPressOptions
+    ranks_up_to_max_remove = True
+
+    def rank(self, ctx: RankContext) -> Ranking:
+        from cbo.executors import InProcessExecutor, Measurements
+
+        o = self.options
+        kinds = [b.kind for b in ctx.blocks]
+        counts = kind_counts(kinds, ctx.max_remove, ctx.keep, ctx.caps)
+        n_windows = int(ctx.windows.shape[0])
+        _check_options(o.generations, o.offspring, o.initial, o.initial_windows, o.stages(), o.max_mutations, n_windows)
+        units = {k: [i for i in ctx.free() if kinds[i] == k] for k in counts}
+        if not any(0 < c < len(units[k]) for k, c in counts.items()):  # one set fits: nothing to search
+            only = sorted(i for k, c in counts.items() if c for i in units[k])
+            r = EvoPressResult(removed=only, fitness=math.nan, generations=0, fpe=0.0, stopped="single set")
+        else:
+            executor = InProcessExecutor(ctx.model, ctx.blocks, ctx.windows)
+            try:
+                r = evopress(
+                    Measurements(executor),
+                    kinds,
+                    counts,
+                    offspring=o.offspring,
+                    generations=o.generations,
+                    initial=o.initial,
+                    initial_windows=o.initial_windows,
+                    stages=o.stages(),
+                    max_mutations=o.max_mutations,
+                    keep=ctx.keep,
+                    budget=o.budget,
+                    seed=o.seed,
+                )
+            finally:
+                executor.close()
+        ranking = ctx.ranking(sets={ctx.max_remove: r.removed})
+        ranking.info.update({"fpe": r.fpe, "generations": r.generations, "stopped": r.stopped, "counts": counts})
+        ranking.info["fitness"] = json_number(r.fitness)
+        return ranking
