@@ -63,6 +63,15 @@ def qubo_path(out: Path, n: int) -> Path:
     return out / f"paper-n{n}.cboq"
 
 
+def wait_for(out: Path, sizes: list[int], poll_s: float = 30.0) -> None:
+    """Wait until another process's nested run has written the QUBO of every size (it checkpoints as it goes)."""
+    waiting = [n for n in sizes if not qubo_path(out, n).exists()]
+    if waiting:
+        print(f"waiting for the nested paper run to reach n = {waiting} in {out}", flush=True)
+    while any(not qubo_path(out, n).exists() for n in sizes):
+        time.sleep(poll_s)
+
+
 def paper_qubos(
     model: Any,
     tok: Any,
