@@ -157,7 +157,7 @@ def baseline_sets(args: argparse.Namespace, model: Any, splits: Any, cal: Meter,
 
     out: dict[str, dict] = {}
     max_m = max(args.remove)
-    for method in BASELINES:
+    for method in [b for b in args.baselines.split(",") if b]:
         t = time.perf_counter()
         if method == "ppl":
             vals = cal([[i] for i in range(n)])

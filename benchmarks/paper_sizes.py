@@ -182,6 +182,53 @@ def chunk_estimates(out: Path, n: int) -> list[np.ndarray]:
     return found
 
 
+def stability(out: Path, sizes: list[int], Ms: list[int]) -> dict[str, Any]:
+    """How much the paper estimator's ground state moves with its calibration sample, from the kept chunk sums.
+
+    For each n: the ground state at each M of every independent estimate from disjoint runs of n pool windows,
+    the mean overlap |A ∩ B| / M over pairs of them, and their mean overlap with the ground state of the
+    largest nested estimate written (``reference``).
+    """
+    from itertools import combinations
+
+    from cbo.qubo import BlockQUBO
+    from cbo.solvers import solve
+
+    written = sorted(int(p.stem.split("-n")[1]) for p in out.glob("paper-n*.cboq"))
+    if not written:
+        return {}
+    largest = BlockQUBO.load(qubo_path(out, written[-1]))
+    reference = {M: set(solve(largest, M, "enumerate", k=1)[0].removed) for M in Ms}
+    rows = []
+    for n in sizes:
+        estimates = chunk_estimates(out, n)
+        if not estimates:
+            continue
+        for M in Ms:
+            grounds = [set(solve(BlockQUBO(H, np.zeros(len(H))), M, "enumerate", k=1)[0].removed) for H in estimates]
+            pairs = [len(a & b) / M for a, b in combinations(grounds, 2)]
+            rows.append(
+                {
+                    "n": n,
+                    "remove": M,
+                    "estimates": len(grounds),
+                    "pairwise_overlap": float(np.mean(pairs)) if pairs else None,
+                    "overlap_with_reference": float(np.mean([len(g & reference[M]) / M for g in grounds])),
+                    "grounds": [sorted(g) for g in grounds],
+                }
+            )
+            print(
+                f"n={n:>4} M={M:>2}: {len(grounds)} disjoint estimates, ground-state overlap between them "
+                f"{rows[-1]['pairwise_overlap']}, with the n={written[-1]} ground {rows[-1]['overlap_with_reference']:.2f}",
+                flush=True,
+            )
+    return {
+        "reference_n": written[-1],
+        "reference_grounds": {str(M): sorted(g) for M, g in reference.items()},
+        "rows": rows,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -194,7 +241,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--stability", help="chunk sizes for the ground-state stability report (no model passes)")
+    p.add_argument("--remove", default="4,8,15", help="M values of the stability report")
     args = p.parse_args(argv)
+    if args.stability:
+        sizes = [int(s) for s in args.stability.split(",") if s]
+        report = stability(Path(args.out), sizes, [int(m) for m in args.remove.split(",") if m])
+        (Path(args.out) / "stability.json").write_text(json.dumps(report, indent=1))
+        return
     import torch
 
     from cbo.models import load_model
