@@ -18,11 +18,18 @@ without code changes. Specs: ``name[:key=value...]`` with ``windows`` (calibrati
     .venv/bin/python benchmarks/estimators.py                   # default run (see BENCHMARKS.md for its time)
     .venv/bin/python benchmarks/estimators.py --quick           # the test suite's run
     .venv/bin/python benchmarks/estimators.py --estimators fisher,pairwise:windows=8:couplings=raw --losses kl
+    .venv/bin/python benchmarks/estimators.py --estimators paper --losses ce --calibration-sizes 32,256,2048
+
+``--calibration-sizes`` gives the ``paper`` estimator one row per size: its QUBOs come from the nested run of
+``benchmarks/paper_sizes.py`` (a shuffled pool of calibration windows, the first n of them), read from
+``--paper-out`` when that run already wrote them. Spearman's ρ over all sets carries a bootstrap interval over the
+measured sets (``--bootstrap`` resamples).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -72,6 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--low", type=int, help="lowest-energy sets per estimator, loss and M (default 50)")
     p.add_argument("--solver", default=None, help="solver for the low-energy sets (default: auto/enumerate)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--calibration-sizes", help="comma-separated calibration sizes of the paper estimator's rows")
+    p.add_argument("--paper-out", default=None, help="folder of the nested paper QUBOs (benchmarks/paper_sizes.py)")
+    p.add_argument("--paper-pool", type=int, default=2048, help="windows in the paper estimator's shuffled pool")
+    p.add_argument("--paper-wait", action="store_true", help="wait for a running paper_sizes.py to write each size")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the sets for ρ's interval")
     C.add_report_arg(p, "estimators")
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
@@ -97,8 +109,52 @@ def specs_from(args: argparse.Namespace) -> list[C.EstimatorSpec]:
                 spec.windows = min(DEFAULT_WINDOWS[spec.name], args.calibration)
             if spec.loss not in get(spec.name).losses:
                 continue
+            if spec.name == "paper" and args.calibration_sizes:
+                for size in C.split_list(args.calibration_sizes):
+                    specs.append(dataclasses.replace(spec, windows=int(size), label=f"paper:n={int(size)}"))
+                continue
             specs.append(spec)
     return specs
+
+
+def paper_estimate(spec: C.EstimatorSpec, model: Any, tok: Any, args: argparse.Namespace, progress: bool) -> Any:
+    """The paper estimator's QUBO on the first ``spec.windows`` windows of the shuffled calibration pool."""
+    from benchmarks import paper_sizes
+
+    pool, info = paper_sizes.calibration_pool(tok, args.seq_len, args.paper_pool, args.seed)
+    out = Path(args.paper_out) if args.paper_out else paper_sizes.OUT
+    if args.paper_wait:
+        paper_sizes.wait_for(out, [int(spec.windows)])
+    qubos = paper_sizes.paper_qubos(
+        model,
+        tok,
+        pool,
+        [int(spec.windows)],
+        out,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        progress=progress,
+        pool_info=info,
+    )
+    return qubos[int(spec.windows)]
+
+
+def spearman_interval(energies: list[float], kls: list[float], resamples: int, seed: int) -> list[float]:
+    """95 % bootstrap interval of Spearman's ρ over the measured sets (resampled with replacement)."""
+    from cbo.stats import spearman
+
+    e, k = np.asarray(energies, float), np.asarray(kls, float)
+    ok = np.isfinite(e) & np.isfinite(k)
+    e, k = e[ok], k[ok]
+    if len(e) < 3 or resamples < 1:
+        return [math.nan, math.nan]
+    rng = np.random.default_rng([seed, len(e), 23])
+    values = []
+    for _ in range(resamples):
+        idx = rng.integers(0, len(e), len(e))
+        if np.ptp(e[idx]) > 0 and np.ptp(k[idx]) > 0:
+            values.append(spearman(e[idx], k[idx]))
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if values else [math.nan] * 2
 
 
 def random_sets(n: int, M: int, count: int, seed: int) -> list[tuple[int, ...]]:
@@ -169,7 +225,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     for spec in specs:
         print(f"{spec.tag(with_loss=False)} ({spec.loss}): Hessian", flush=True)
-        qubo, wall = C.estimate(spec, model, tok, splits.calibration, args, progress)
+        if spec.name == "paper" and args.calibration_sizes:
+            t0 = time.perf_counter()
+            qubo = paper_estimate(spec, model, tok, args, progress)
+            wall = time.perf_counter() - t0
+        else:
+            qubo, wall = C.estimate(spec, model, tok, splits.calibration, args, progress)
         meta = qubo.metadata
         result["costs"].append(
             {
@@ -207,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "remove": M,
                 "n_sets": len(all_sets),
                 "all": fidelity(e_all, k_all),
+                "all_spearman_95": spearman_interval(e_all, k_all, args.bootstrap, args.seed + M),
                 "all_dnll": fidelity(e_all, d_all),
                 "random": fidelity(e_rand, [m["kl"] for m in rand_m]),
                 "low": fidelity(e_low, low_kl),
@@ -267,8 +329,8 @@ def markdown(result: dict) -> str:
         f"{s['measure_windows']} validation windows x {s['seq_len']} tokens "
         f"({', '.join(result['data']['documents']['validation'])}).",
         "",
-        "ρ = Spearman, τ = Kendall between energy and measured KL (higher = the energy orders sets like the model "
-        "does). `best@` = energy rank (0 = ground) of the best measured set among the low-energy ones. KL columns: "
+        "ρ = Spearman (with its 95 % bootstrap interval over the sets), τ = Kendall between energy and measured KL "
+        "(higher = the energy orders sets like the model does). `best@` = energy rank (0 = ground) of the best measured set among the low-energy ones. KL columns: "
         "measured KL of the ground state, of the best low-energy set, and of the best random set.",
         "",
     ]
@@ -293,7 +355,7 @@ def markdown(result: dict) -> str:
                 r["estimator"],
                 r["loss"],
                 str(r["remove"]),
-                C.fmt(r["all"]["spearman"], 3),
+                C.fmt(r["all"]["spearman"], 3) + interval(r.get("all_spearman_95")),
                 C.fmt(r["all"]["kendall"], 3),
                 C.fmt(r["random"]["spearman"], 3),
                 C.fmt(r["low"]["spearman"], 3),
@@ -316,6 +378,13 @@ def markdown(result: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def interval(bounds: list[float] | None) -> str:
+    """`` [lo, hi]`` for a table cell, or nothing when no interval was computed."""
+    if not bounds or not all(math.isfinite(float(b)) for b in bounds):
+        return ""
+    return f" [{float(bounds[0]):.2f}, {float(bounds[1]):.2f}]"
 
 
 def plot(result: dict, path: Path) -> None:

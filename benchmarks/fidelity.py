@@ -18,6 +18,14 @@ split whatever asks for it, and an interrupted run resumes. SLEB and PPL are com
     .venv/bin/python benchmarks/fidelity.py                       # the full comparison (hours on 2 busy cores)
     .venv/bin/python benchmarks/fidelity.py --quick               # a few minutes: 2+2 windows, M = 4
     .venv/bin/python benchmarks/fidelity.py --variants fisher,hybrid --remove 8
+    .venv/bin/python benchmarks/fidelity.py --variants singles --calibration-sizes 32,256,2048   # + paper-n32, ...
+
+``--calibration-sizes`` adds the ``paper`` estimator (the CBO paper's recipe) at each size as variant
+``paper-n{size}``: its QUBO from the first n windows of a shuffled pool of calibration windows, read from the
+nested run of ``benchmarks/paper_sizes.py`` (``--paper-out``) or computed by it. Every variant also gets the
+paper's own protocol as a row: the ground state and the next 2 excited states validated, the best kept
+("best of top-3"). Test perplexities carry the paired bootstrap interval over test windows of their ratio to
+``--reference`` (a row name).
 """
 
 from __future__ import annotations
@@ -51,6 +59,25 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
 DEFAULT_VARIANTS = "fisher,singles,hybrid,pairwise-positive,fit,trust"
 QUICK_VARIANTS = "fisher,singles,hybrid"
 BASELINES = ("block_influence", "angular", "sleb", "taylor", "ppl")
+PAPER_PREFIX = "paper-n"  # variant paper-n{size}: the paper estimator on the first {size} pool windows
+
+
+def variant_entry(name: str) -> tuple[str, dict[str, Any], bool]:
+    """(estimator, options, per-M) of a variant name: a VARIANTS key or ``paper-n{size}``."""
+    if name.startswith(PAPER_PREFIX) and name[len(PAPER_PREFIX) :].isdigit():
+        return ("paper", {}, False)
+    return VARIANTS[name]
+
+
+def paired_ratio_interval(nll_a: Any, nll_b: Any, resamples: int, seed: int) -> list[float]:
+    """95 % paired bootstrap interval over test windows of the perplexity ratio exp(mean nll_a − mean nll_b)."""
+    a, b = np.asarray(nll_a, float), np.asarray(nll_b, float)
+    if len(a) != len(b) or len(a) < 2 or resamples < 1:
+        return [math.nan, math.nan]
+    rng = np.random.default_rng([seed, len(a), 29])
+    idx = rng.integers(0, len(a), size=(resamples, len(a)))
+    diffs = (a[idx] - b[idx]).mean(axis=1)
+    return [float(np.exp(np.percentile(diffs, 2.5))), float(np.exp(np.percentile(diffs, 97.5)))]
 
 
 def log(*parts: Any) -> None:
@@ -99,6 +126,7 @@ class Meter:
             for k, key in enumerate(todo):
                 nll = float(m.ce[k].mean())
                 self.values[key] = {
+                    "nll_windows": [float(v) for v in m.ce[k]],
                     "kl": float(m.kl[k].mean()),
                     "nll": nll,
                     "ppl": math.exp(nll) if nll < 700 else math.inf,
@@ -128,7 +156,7 @@ def baseline_sets(args: argparse.Namespace, model: Any, splits: Any, cal: Meter,
 
     out: dict[str, dict] = {}
     max_m = max(args.remove)
-    for method in BASELINES:
+    for method in [b for b in args.baselines.split(",") if b]:
         t = time.perf_counter()
         if method == "ppl":
             vals = cal([[i] for i in range(n)])
@@ -184,9 +212,28 @@ def variant_qubo(
 ) -> Any:
     from cbo.hessian import estimate_hessian
 
-    estimator, options, per_m = VARIANTS[name]
+    estimator, options, per_m = variant_entry(name)
     options = dict(options)
     windows = splits.calibration
+    if estimator == "paper":
+        from benchmarks import paper_sizes
+
+        size = int(name[len(PAPER_PREFIX) :])
+        pool, info = paper_sizes.calibration_pool(tok, args.seq_len, args.paper_pool, args.seed)
+        out = Path(args.paper_out) if args.paper_out else paper_sizes.OUT
+        if args.paper_wait:
+            paper_sizes.wait_for(out, [size])
+        return paper_sizes.paper_qubos(
+            model,
+            tok,
+            pool,
+            [size],
+            out,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            progress=not args.no_progress,
+            pool_info=info,
+        )[size]
     if estimator == "pairwise":
         return pair_table_qubo(cal, len(cal.blocks), options["couplings"])
     if per_m:
@@ -252,6 +299,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--stage", default="all", help="prefetch (calibration singles + SLEB), baselines, variants, all, report"
     )
+    p.add_argument("--calibration-sizes", default="", help="sizes of the paper estimator's variants paper-n{size}")
+    p.add_argument("--paper-out", default=None, help="folder of the nested paper QUBOs (benchmarks/paper_sizes.py)")
+    p.add_argument("--paper-pool", type=int, default=2048, help="windows in the paper estimator's shuffled pool")
+    p.add_argument("--paper-wait", action="store_true", help="wait for a running paper_sizes.py to write each size")
+    p.add_argument("--reference", default="singles (best of top-10)", help="row the test PPL ratios compare with")
+    p.add_argument("--bootstrap", type=int, default=2000, help="paired bootstrap resamples of the test windows")
     args = p.parse_args(argv)
     if args.quick:
         args.calibration, args.validation, args.test = 2, 2, 2
@@ -261,7 +314,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.variants = QUICK_VARIANTS
     args.remove = [int(m) for m in str(args.remove).split(",") if m]
     args.variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in args.variants if v not in VARIANTS]
+    args.variants += [f"{PAPER_PREFIX}{int(n)}" for n in args.calibration_sizes.split(",") if n]
+    bad = [v for v in args.variants if v not in VARIANTS and not v.startswith(PAPER_PREFIX)]
     if bad:
         p.error(f"unknown variants {bad}; known: {sorted(VARIANTS)}")
     args.out = Path(args.out)
@@ -344,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.stage in ("all", "variants"):
         variants = result.setdefault("variants", {})
         for name in args.variants:
-            per_m = VARIANTS[name][2]
+            per_m = variant_entry(name)[2]
             qubos: dict[int, Any] = {}
             for m in args.remove if per_m else [None]:
                 t = time.perf_counter()
@@ -401,6 +455,9 @@ def main(argv: list[str] | None = None) -> dict:
                 best = int(np.argmin(kls))
                 rows[f"{v} (ground)"] = {"set": states[0], "val_kl": kls[0]}
                 rows[f"{v} (best of top-{len(states)})"] = {"set": states[best], "rank": best, "val_kl": kls[best]}
+                # the paper's protocol: the ground state and 2 excited states, the best on validation kept
+                best3 = int(np.argmin(kls[:3]))
+                rows[f"{v} (best of top-3)"] = {"set": states[best3], "rank": best3, "val_kl": kls[best3]}
                 qh = result["variants"][v][str(m)]["qubo"]
                 from cbo.qubo import BlockQUBO
 
@@ -419,9 +476,18 @@ def main(argv: list[str] | None = None) -> dict:
             for r, v in zip(rows.values(), val(sets)):
                 r["val_kl"] = v["kl"]
                 r["val_ppl"] = v["ppl"]
-            for r, v in zip(rows.values(), tst(sets)):
+            test_values = tst(sets)
+            for r, v in zip(rows.values(), test_values):
                 r["test_kl"] = v["kl"]
                 r["test_ppl"] = v["ppl"]
+            ref = dict(zip(rows, test_values)).get(args.reference)
+            if ref is not None:
+                for r, v in zip(rows.values(), test_values):
+                    r["test_ppl_ratio"] = math.exp(v["nll"] - ref["nll"])
+                    r["test_ppl_ratio_95"] = paired_ratio_interval(
+                        v["nll_windows"], ref["nll_windows"], args.bootstrap, args.seed + m
+                    )
+                    r["ratio_reference"] = args.reference
             table[str(m)] = rows
             result["table"] = table
             result["fidelity"] = fidelity
@@ -455,14 +521,24 @@ def markdown(result: dict) -> str:
         f"validated. Unpruned test PPL {_fmt(unpruned.get('test_ppl'), 2)}."
     )
     for m, rows in result.get("table", {}).items():
-        lines += ["", f"**M = {m}**", "", "| method | removed | val KL | test KL | test PPL |", "|---|---|---|---|---|"]
+        ratio_ref = next((r.get("ratio_reference") for r in rows.values() if r.get("ratio_reference")), None)
+        head = "| method | removed | val KL | test KL | test PPL |" + (
+            f" PPL ÷ {ratio_ref} [95 %] |" if ratio_ref else ""
+        )
+        lines += ["", f"**M = {m}**", "", head, "|---|---|---|---|---|" + ("---|" if ratio_ref else "")]
         best = min(r["test_ppl"] for name, r in rows.items() if "(" not in name)
         for name, r in rows.items():
             label = name + (f" [rank {r['rank']}]" if "rank" in r else "")
             ppl = _fmt(r["test_ppl"])
             if "(" in name and r["test_ppl"] < best:
                 ppl = f"**{ppl}**"
-            lines.append(f"| {label} | {r['set']} | {_fmt(r.get('val_kl'), 3)} | {_fmt(r.get('test_kl'), 3)} | {ppl} |")
+            cell = ""
+            if ratio_ref:
+                lo, hi = r.get("test_ppl_ratio_95", [math.nan, math.nan])
+                cell = f" {_fmt(r.get('test_ppl_ratio'), 3)} [{_fmt(lo, 3)}, {_fmt(hi, 3)}] |"
+            lines.append(
+                f"| {label} | {r['set']} | {_fmt(r.get('val_kl'), 3)} | {_fmt(r.get('test_kl'), 3)} | {ppl} |{cell}"
+            )
     fid = result.get("fidelity", {})
     if fid:
         ms = sorted({m for v in fid.values() for m in v}, key=int)

@@ -6,6 +6,7 @@ class decorated with ``@register``, see ``base.py``). Built in:
 
 * ``singles``  measured single-block removal losses, no couplings (the pipeline's default).
 * ``fisher``   Gauss-Newton/Fisher from per-sequence gate gradients, one backward per batch.
+* ``paper``    the CBO paper's recipe: empirical Fisher AᵀA/n of per-sequence CE gate gradients, no linear term.
 * ``exact``    autograd Hessian of the gate vector (N Hessian-vector products per batch).
 * ``pairwise`` measured loss with every single and pair of blocks removed.
 * ``hybrid``, ``fit``, ``trust``: measured singles with Fisher-correlation couplings, refined by measurements.

@@ -34,6 +34,7 @@ ESTIMATORS: Registry[type[Estimator]] = Registry(
     "estimator",
     builtins=(
         "cbo.hessian.fisher",
+        "cbo.hessian.paper",
         "cbo.hessian.exact",
         "cbo.hessian.pairwise",
         "cbo.hessian.hybrid",

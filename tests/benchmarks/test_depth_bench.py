@@ -232,3 +232,43 @@ def test_default_pipeline_quick(installed, tmp_path):
     assert len(point["chosen"]) == 2 and point["test_windows"] == 2
     assert point["test_ppl"] > 1 and point["test_kl"] > 0
     assert (tmp_path / "default_pipeline.md").read_text().startswith("# The default pipeline")
+
+
+def test_paper_variants_and_the_paired_ratio_interval():
+    F = bench_module("fidelity")
+    assert F.variant_entry("paper-n256") == ("paper", {}, False)
+    assert F.variant_entry("singles") == F.VARIANTS["singles"]
+    rng = np.random.default_rng(0)
+    b = rng.normal(3.0, 0.3, size=40)
+    lo, hi = F.paired_ratio_interval(b + np.log(2.0), b, 500, seed=1)
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)  # a constant shift: no spread when paired
+    a = b + rng.normal(0.1, 0.2, size=40)
+    lo, hi = F.paired_ratio_interval(a, b, 2000, seed=1)
+    assert lo < np.exp(np.mean(a - b)) < hi and hi / lo < 1.3
+    assert all(math.isnan(v) for v in F.paired_ratio_interval(a[:3], b, 100, seed=1))
+
+
+def test_nested_paper_sizes_equal_the_estimator_on_each_prefix(tmp_path):
+    from tiny_models import build_tiny_model, random_token_windows
+
+    from cbo.hessian import estimate_hessian
+
+    P = bench_module("paper_sizes")
+    model = build_tiny_model("llama", n_layers=3, seed=1)
+    pool = random_token_windows(model, n=8, seq_len=8, seed=4)
+    qubos = P.paper_qubos(model, None, pool, [4, 8], tmp_path, batch_size=2, progress=False, chunk=2)
+    for n in (4, 8):
+        direct = estimate_hessian(model, None, pool[:n], estimator="paper", loss="ce", batch_size=2, progress=False)
+        np.testing.assert_allclose(qubos[n].H, direct.H, rtol=1e-12, atol=0)
+        assert np.all(qubos[n].g == 0) and qubos[n].metadata["n_sequences"] == n
+    # disjoint chunks: the estimates of windows 0-1, 2-3, 4-5, 6-7 and of 0-3, 4-7
+    for n in (2, 4):
+        chunks = P.chunk_estimates(tmp_path, n)
+        assert len(chunks) == 8 // n
+        for k, H in enumerate(chunks):
+            direct = estimate_hessian(
+                model, None, pool[k * n : (k + 1) * n], estimator="paper", loss="ce", batch_size=2, progress=False
+            )
+            np.testing.assert_allclose(H, direct.H, rtol=1e-10, atol=1e-14)
+    with pytest.raises(ValueError, match="multiples of batch_size"):
+        P.paper_qubos(model, None, pool, [3], tmp_path, batch_size=2, progress=False)

@@ -35,9 +35,17 @@ def setup():
     return model, random_token_windows(model, n=N_WINDOWS, seq_len=SEQ_LEN, seed=2)
 
 
+def _default_loss(name: str) -> dict:
+    """The driver's default loss (kl), or the first loss of an estimator that does not take it (``paper``: ce)."""
+    if name not in ESTIMATORS.names():
+        return {}
+    losses = ESTIMATORS.get(name).losses
+    return {} if "kl" in losses else {"loss": losses[0]}
+
+
 def _estimate(setup, name, **kw):
     model, windows = setup
-    kw = {"batch_size": BATCH, "progress": False, "seed": 3, **_options(name), **kw}
+    kw = {"batch_size": BATCH, "progress": False, "seed": 3, **_options(name), **_default_loss(name), **kw}
     return estimate_hessian(model, None, windows, estimator=name, **kw)
 
 
