@@ -84,9 +84,9 @@ def matched_exponent(s, reference) -> float:
     """
 
     def spread(t) -> float:
-        x = t.detach().abs().reshape(-1).double()
+        x = t.detach().abs().reshape(-1)
         x = x[x > 0]
-        return float(x.log().std()) if x.numel() > 1 else 0.0
+        return float(x.log_().std()) if x.numel() > 1 else 0.0
 
     a, b = spread(reference), spread(s)
     return a / b if a > 0 and b > 0 else 1.0
@@ -139,25 +139,28 @@ def percentile_clip(s, lower: float, upper: float):
     return s.clamp(lo, hi)
 
 
-def row_percentiles(rows, q: float):
-    """The ``q``-th percentile of each row of ``(n, m)`` ``rows`` (linear interpolation, as ``numpy.percentile``)."""
-    if not 0.0 <= q <= 100.0:
-        raise InvalidOptionError(f"percentile must be in [0, 100], got {q}")
+def row_percentiles(rows, qs) -> list:
+    """The percentiles ``qs`` of each row of ``(n, m)`` ``rows``, one ``(n,)`` tensor per ``q`` (linear
+    interpolation, as ``numpy.percentile``; one ``numpy.partition`` of the rows, linear time, serves every ``q``)."""
+    for q in qs:
+        if not 0.0 <= q <= 100.0:
+            raise InvalidOptionError(f"percentile must be in [0, 100], got {q}")
     m = rows.shape[1]
-    rank = q / 100.0 * (m - 1)
-    lo = int(rank // 1)
-    hi = min(lo + 1, m - 1)
-    below = torch.kthvalue(rows, lo + 1, dim=1).values
-    above = torch.kthvalue(rows, hi + 1, dim=1).values if hi != lo else below
-    return below + (rank - lo) * (above - below)
+    ranks = []
+    for q in qs:
+        rank = q / 100.0 * (m - 1)
+        lo = int(rank // 1)
+        ranks.append((rank, lo, min(lo + 1, m - 1)))
+    kth = sorted({k for _, lo, hi in ranks for k in (lo, hi)})
+    part = torch.from_numpy(np.partition(rows.detach().cpu().numpy(), kth, axis=1)).to(rows.device)
+    return [part[:, lo] + (rank - lo) * (part[:, hi] - part[:, lo]) for rank, lo, hi in ranks]
 
 
 def row_percentile_clip(rows, lower: float, upper: float):
     """Each row of ``(n, m)`` ``rows`` clamped to its own ``lower``-th and ``upper``-th percentiles."""
     check_clip(lower, upper)
-    lo = row_percentiles(rows, lower)[:, None]
-    hi = row_percentiles(rows, upper)[:, None]
-    return torch.minimum(torch.maximum(rows, lo), hi)
+    lo, hi = row_percentiles(rows, (lower, upper))
+    return torch.minimum(torch.maximum(rows, lo[:, None]), hi[:, None])
 
 
 def aggregate(rows, aggregation: str = "published"):
