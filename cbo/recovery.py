@@ -527,7 +527,7 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
                 torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            losses.append(float(value))
+            losses.append(float(value.detach()))
             done = step + 1
             if done % every == 0 or done == steps:
                 write()
