@@ -225,8 +225,9 @@ def default_solver(n_blocks: int) -> str:
 class Measurer:
     """Test/validation metrics of removal sets, cached on disk so a rerun measures only what is new.
 
-    The cache is keyed by the model's fingerprint, the split's data hash, the granularity and the removed set;
-    reference log-probabilities of a split are computed only when a set on it is measured for the first time.
+    The cache is keyed by the model's fingerprint, the split's data hash, the granularity and the removed set.
+    Sets are measured by ``cbo.hessian.measure.Measurer`` (the original pass of a split's windows once, every set
+    from its recorded streams, no model copies); its values equal those of the surgically pruned model.
     """
 
     def __init__(self, model: Any, splits: Any, cache_file: Path, *, batch_size: int = 8) -> None:
@@ -243,7 +244,7 @@ class Measurer:
                 self.cache = json.loads(self.cache_file.read_text())
             except ValueError:
                 self.cache = {}
-        self._refs: dict[str, Any] = {}
+        self._measurers: dict[tuple[str, str, int | None], Any] = {}
         self._blocks: dict[str, list] = {}
         self.new_measurements = 0
         self.measure_time = 0.0
@@ -255,62 +256,56 @@ class Measurer:
             self._blocks[granularity] = find_blocks(self.model, granularity)
         return self._blocks[granularity]
 
+    def _data(self, split: str, windows: int | None) -> Any:
+        return self.splits[split] if windows is None else self.splits[split][:windows]
+
+    def measurer(self, split: str, granularity: str, windows: int | None = None) -> Any:
+        """The ``cbo`` measurer of one split (its first ``windows`` windows) at one granularity."""
+        from cbo.hessian.measure import Measurer as Engine
+
+        key = (split, granularity, windows)
+        if key not in self._measurers:
+            data = self._data(split, windows)
+            self._measurers[key] = Engine(self.model, self.blocks(granularity), data, batch_size=self.batch_size)
+        return self._measurers[key]
+
     def _key(self, split: str, granularity: str, removed: Any, windows: int | None) -> str:
-        data = self.splits[split] if windows is None else self.splits[split][:windows]
         from cbo.data import data_hash
 
+        data = self._data(split, windows)
         text = json.dumps([self.fingerprint, data_hash(data), granularity, sorted(int(i) for i in removed)])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def reference(self, split: str, windows: int | None = None) -> Any:
-        from cbo.evaluate import reference_logits
-
-        key = f"{split}:{windows}"
-        if key not in self._refs:
-            data = self.splits[split] if windows is None else self.splits[split][:windows]
-            self._refs[key] = reference_logits(self.model, data, batch_size=self.batch_size)
-        return self._refs[key]
-
-    def drop_reference(self, split: str, windows: int | None = None) -> None:
-        self._refs.pop(f"{split}:{windows}", None)
-
     def original(self, split: str, windows: int | None = None) -> dict:
-        """Metrics of the unpruned model, read off its reference log-probs (KL 0, agreement 1 by definition)."""
-        from cbo.evaluate import count_parameters
-
+        """Metrics of the unpruned model (KL 0, agreement 1 by definition)."""
         key = self._key(split, "layer", [], windows)
         if key in self.cache:
             return self.cache[key]
-        data = self.splits[split] if windows is None else self.splits[split][:windows]
-        ref = self.reference(split, windows)
-        nll = float(-ref[:, :-1].gather(-1, data[:, 1:].unsqueeze(-1)).double().mean())
-        n_pred = int(data.shape[0] * (data.shape[1] - 1))
-        m = {"nll": nll, "ppl": math.exp(nll), "kl": 0.0, "agreement": 1.0, "n_tokens": n_pred}
-        m["n_params"] = count_parameters(self.model)
+        m = self.measurer(split, "layer", windows).losses([()]).base_metrics()
+        m["n_params"] = self.measurer(split, "layer", windows).pruned_parameters(())
         self.cache[key] = m
         self.save()
         return m
 
     def measure(self, split: str, granularity: str, removed: Any, windows: int | None = None) -> dict:
-        """``{"ppl", "nll", "kl", "agreement", "n_params"}`` of the model without ``removed`` on ``split``."""
-        from cbo.baselines import pruned_view
-        from cbo.evaluate import count_parameters, evaluate
-
+        """``{"ppl", "nll", "kl", "agreement", "n_tokens", "n_params"}`` of the model without ``removed``."""
         key = self._key(split, granularity, removed, windows)
         if key in self.cache:
             return self.cache[key]
         t0 = time.perf_counter()
-        data = self.splits[split] if windows is None else self.splits[split][:windows]
-        ref = self.reference(split, windows)
-        view = pruned_view(self.model, self.blocks(granularity), removed)
-        m = evaluate(view, data, ref, batch_size=self.batch_size)
-        m["n_params"] = count_parameters(view)
-        del view
+        engine = self.measurer(split, granularity, windows)
+        m = engine.losses([removed]).metrics(0)
+        m["n_params"] = engine.pruned_parameters(removed)
         self.measure_time += time.perf_counter() - t0
         self.new_measurements += 1
         self.cache[key] = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in m.items()}
         self.save()
         return self.cache[key]
+
+    def release(self, split: str) -> None:
+        """Free the original passes kept for ``split`` (they are run again when needed)."""
+        for key in [k for k in self._measurers if k[0] == split]:
+            del self._measurers[key]
 
     def save(self) -> None:
         self.cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import torch
 from cbo import prune_depth
 from cbo.blocks import find_blocks
 from cbo.data import make_splits
-from cbo.hessian.measure import MeasureCache, measure_sets
+from cbo.hessian.measure import MeasureCache, Measurer
 from cbo.models import load_model
 
 torch.set_num_threads(1)
@@ -23,14 +23,14 @@ model, tok = load_model("smollm2-135m")
 blocks = find_blocks(model, "layer")
 test_all = make_splits(tok, seq_len=256, n_calibration=0, n_validation=0, n_test=64, seed=0).test
 cache = MeasureCache("benchmarks/out/default_pipeline_measured", model, blocks)
+measurer = Measurer(model, blocks, test_all, batch_size=8, cache=cache, retain=False)
 out = {}
 for m, n_test in ((8, 64), (15, 32)):
     t = time.perf_counter()
     r = prune_depth(model, tok, remove=m, progress=False)
-    test = test_all[:n_test]
-    res = measure_sets(model, blocks, test, [tuple(sorted(r.chosen_blocks))], batch_size=8, cache=cache)
-    nll = float(res["ce"][0].mean())
-    kl = float(res["kl"][0].mean())
+    res = measurer.losses([r.chosen_blocks], windows=n_test)
+    nll = float(res.ce[0].mean())
+    kl = float(res.kl[0].mean())
     out[m] = {
         "estimator": r.estimator,
         "chosen": r.chosen_blocks,

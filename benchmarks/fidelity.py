@@ -60,33 +60,47 @@ def log(*parts: Any) -> None:
 
 # ------------------------------------------------------------------------------------------------ measurements
 class Meter:
-    """Mean KL to the original and perplexity of removal sets on one split (measured once, cached on disk)."""
+    """Mean KL to the original and perplexity of removal sets on one split (measured once, cached on disk), through
+    ``cbo.hessian.measure.Measurer``; ``retain`` keeps the split's original pass between calls (small splits)."""
 
-    def __init__(self, name: str, model: Any, blocks: list, windows: Any, cache: Any, batch_size: int) -> None:
-        self.name, self.model, self.blocks, self.windows = name, model, blocks, windows
-        self.cache, self.batch_size = cache, batch_size
+    def __init__(
+        self, name: str, model: Any, blocks: list, windows: Any, cache: Any, batch_size: int, retain: bool = False
+    ) -> None:
+        from cbo.hessian.measure import Measurer
+
+        self.name, self.windows, self.batch_size = name, windows, batch_size
+        self.engine = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, retain=retain)
         self.values: dict[tuple[int, ...], dict[str, float]] = {}
-        self.work = {"layer_calls": 0, "tail_calls": 0, "original_calls": 0, "measured": 0}
         self.seconds = 0.0
 
-    def __call__(self, sets: list) -> list[dict[str, float]]:
-        from cbo.hessian.measure import measure_sets
+    @property
+    def work(self) -> dict[str, Any]:
+        w = self.engine.work
+        return {
+            "layer_calls": w.layer_calls,
+            "tail_calls": w.head_runs,
+            "original_calls": w.original_passes,
+            "measured": w.sets,
+            "forward_equivalents": round(w.forward_equivalents, 2),
+        }
 
-        keys = [tuple(sorted(int(i) for i in s)) for s in sets]
+    def __call__(self, sets: list) -> list[dict[str, float]]:
+        keys = self.engine.check_sets(sets)
         todo = [k for k in dict.fromkeys(keys) if k not in self.values]
         if todo:
             t = time.perf_counter()
-            m = measure_sets(self.model, self.blocks, self.windows, todo, batch_size=self.batch_size, cache=self.cache)
+            before = self.engine.work.sets
+            m = self.engine.losses(todo)
             self.seconds += time.perf_counter() - t
-            for key in self.work:
-                self.work[key] += int(m[key])
-            if m["measured"]:
-                log(f"  [{self.name}] measured {m['measured']} set-batches in {time.perf_counter() - t:.0f}s")
-            base_nll = float(m["base_ce"].mean())
+            if self.engine.work.sets > before:
+                log(
+                    f"  [{self.name}] measured {self.engine.work.sets - before} set-batches in {time.perf_counter() - t:.0f}s"
+                )
+            base_nll = float(m.base_ce.mean())
             for k, key in enumerate(todo):
-                nll = float(m["ce"][k].mean())
+                nll = float(m.ce[k].mean())
                 self.values[key] = {
-                    "kl": float(m["kl"][k].mean()),
+                    "kl": float(m.kl[k].mean()),
                     "nll": nll,
                     "ppl": math.exp(nll) if nll < 700 else math.inf,
                     "d_nll": nll - base_nll,
@@ -142,7 +156,7 @@ def pair_table_qubo(cal: Meter, n: int, couplings: str) -> Any:
     from cbo.qubo import BlockQUBO
 
     t = time.perf_counter()
-    before = dict(cal.work)
+    before = cal.work
     pairs = [[i, j] for i in range(n) for j in range(i + 1, n)]
     single = np.array([v["kl"] for v in cal([[i] for i in range(n)])])
     pair = np.zeros((n, n))
@@ -298,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
         tok, seq_len=args.test_seq_len, n_calibration=0, n_validation=0, n_test=max(64, args.test), seed=args.seed
     ).test[: args.test]
     cache = MeasureCache(args.out / "measured", model, blocks)
-    cal = Meter("calibration", model, blocks, splits.calibration, cache, args.batch_size)
+    cal = Meter("calibration", model, blocks, splits.calibration, cache, args.batch_size, retain=True)
     val = Meter("validation", model, blocks, splits.validation, cache, args.batch_size)
     tst = Meter("test", model, blocks, test, cache, args.batch_size)
     result["setup"] = {

@@ -3,7 +3,8 @@
 ``cbo.instances.fisher_block_qubo`` draws ``H = AᵀA / samples`` from simulated per-sequence gate gradients fitted
 to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This script writes, with seed 0:
 
-* ``synthetic-fisher_sublayer_n60_s32.cboq``: the real sublayer instance's shape (60 halves, 32 samples, rank 32);
+* ``synthetic-fisher_sublayer_n60_s32.cboq``: the real sublayer instance's shape (60 halves, 32 samples, rank 32),
+  and ``..._s128`` / ``..._s2048``: the same with 128 and 2048 gradient samples (full rank);
 * ``synthetic-fisher_layer_n80_s32.cboq``: 80 layers (a 70B model's block count) with the project's default
   32 calibration sequences (rank 32: the hard case, 48 null directions);
 * ``synthetic-fisher_layer_n80_s128.cboq`` and ``..._s2048.cboq``: the same model shape with 128 and with the
@@ -26,7 +27,14 @@ from cbo.qubo import BlockQUBO
 INSTANCES = Path(__file__).resolve().parent / "instances"
 REAL = ("smollm2-135m_sublayer_fisher-kl", "smollm2-135m_layer_fisher-kl")
 # (granularity, n, samples) of the saved instances
-SPECS = (("sublayer", 60, 32), ("layer", 80, 32), ("layer", 80, 128), ("layer", 80, 2048))
+SPECS = (
+    ("sublayer", 60, 32),
+    ("sublayer", 60, 128),
+    ("sublayer", 60, 2048),
+    ("layer", 80, 32),
+    ("layer", 80, 128),
+    ("layer", 80, 2048),
+)
 
 
 def instance_name(granularity: str, n: int, samples: int, seed: int = 0) -> str:

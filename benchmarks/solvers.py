@@ -1,18 +1,32 @@
-"""Benchmark every available solver on synthetic block QUBOs (and QUBO files): one table.
+"""Benchmark every available solver against proven optima: synthetic, real and Fisher-shaped QUBOs, one table.
 
-For each instance the reference is the exact top-10 (the CPU enumerator, when it finishes within
-the time limit) or else the best-known top-10 (the best distinct states over every solver's result
-plus long swap-annealer and swap-tabu runs). Per solver: wall time, gap of its best energy to the
-reference ground energy, top-10 recall (how many of its 10 best states have an energy at or below
-the reference's 10th, so ties count), the feasible fraction of its raw samples, and how many
-distinct states it returned.
+Instances (``--instances``, comma-separated groups):
 
-    python benchmarks/solvers.py                         # the synthetic instances + benchmarks/instances/*.cboq
-    python benchmarks/solvers.py --quick                 # a fast smoke run (small instances)
-    python benchmarks/solvers.py my.qubo:8 other.qubo    # plus QUBO files (":M", default M = N // 4)
+* ``synthetic``: ``random_block_qubo(n, seed)`` at (12, 4) (small enough for QAOA), (32, 8), (32, 16), (40, 12),
+  (80, 8), (80, 32);
+* ``real``: the default model's QUBOs in ``benchmarks/instances/`` (layer granularity, N = 30, at M = 8 and 15;
+  the sublayer Fisher QUBO, N = 60, at M = 16 and 30);
+* ``fisher``: the Fisher-shaped instances of ``benchmarks/fisher_instances.py`` (``cbo.instances.fisher_block_qubo``)
+  with 32, 128 and 2048 gradient samples: 60 sublayers at M = 16 and 30, 80 layers at M = 32 and 40.
 
-Writes ``solvers.json`` and ``solvers.md`` to ``--out`` (default ``benchmarks/out``). Numba solvers
-are compiled on a tiny instance first, so wall times exclude JIT compilation.
+The reference of each (instance, M) is the exact enumerator's top-10 (``cbo.solve(q, M, "enumerate")``, which
+takes its relaxation search on large spaces) under ``--reference-limit`` seconds: **proven** when it finishes,
+else the best known (the 10 best distinct states of every run on that instance, the unfinished search
+included), marked so. Per solver: wall time, the gap of its best energy to the reference ground energy (also
+relative), and top-10 recall (its states with energy at or below the reference's 10th, so ties count; from
+``cbo.sweep.solver_row``). Every solver runs with ``--time-limit`` seconds except ``auto``, which runs as
+users call it (its own 10 s budget); the table checks that the time-limited ``enumerate`` is never worse than
+``auto``, state by state.
+
+    python benchmarks/solvers.py                               # every group (an hour or more on 2 cores)
+    python benchmarks/solvers.py --instances real,fisher       # the model's and the Fisher-shaped instances
+    python benchmarks/solvers.py --quick                       # a fast smoke run (small synthetic instances)
+    python benchmarks/solvers.py my.qubo:8 other.qubo          # QUBO files (":M" or ":M1,M2", default M = N // 4)
+
+Every run is one JSON line in ``--out/solvers.jsonl`` (default ``benchmarks/out``), written as it finishes: a
+rerun skips what is recorded, so an interrupted benchmark loses nothing. Writes ``solvers.md`` (the per-instance
+table and a summary by group) and ``solvers.json``. Numba solvers are compiled on a tiny instance first, so
+wall times exclude JIT compilation. Use one thread (``NUMBA_NUM_THREADS=1``) for reproducible searches.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,19 +46,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cbo import BlockQUBO, solve  # noqa: E402
 from cbo.errors import CBOError  # noqa: E402
-from cbo.instances import random_block_qubo  # noqa: E402
+from cbo.instances import fisher_block_qubo, random_block_qubo  # noqa: E402
 from cbo.solvers import available  # noqa: E402
+from cbo.sweep import solver_row  # noqa: E402
 
-SYNTHETIC = [(32, 8), (32, 16), (40, 12), (80, 8), (80, 32)]
+HERE = Path(__file__).resolve().parent
+INSTANCES = HERE / "instances"
+GROUPS = ("synthetic", "real", "fisher")
+SYNTHETIC = [(12, 4), (32, 8), (32, 16), (40, 12), (80, 8), (80, 32)]
 QUICK = [(10, 3), (14, 5), (18, 6)]
-# QAOA simulates 2^n amplitudes: in the quick run only on the smallest instance
-QUICK_QAOA_MAX_N = 10
-SMALL_FOR_QAOA = (12, 4)
+# (granularity, n, values of M) of the Fisher-shaped instances, each with 32, 128 and 2048 samples
+FISHER = (("sublayer", 60, (16, 30)), ("layer", 80, (32, 40)))
+FISHER_SAMPLES = (32, 128, 2048)
+REAL_M = {"sublayer": (16, 30), "layer": (8, 15)}
 K = 10
 # solvers that are not run on their own: "dimod" needs a user's sampler (its SA is "sa")
 SKIP = {"dimod"}
-# exact enumeration is not attempted above this many states (it cannot finish)
-MAX_ENUMERATE_STATES = 1e13
+# QAOA simulates 2^n amplitudes: only up to this many blocks (in the quick run: 10)
+QAOA_MAX_N = 12
+QUICK_QAOA_MAX_N = 10
 # extra rows: (label, solver, options) — SA with the provably safe λ shows why the default adapts λ
 VARIANTS = [("sa[λ=safe]", "sa", {"penalty": "safe"})]
 QUICK_OPTIONS: dict[str, dict[str, Any]] = {
@@ -51,204 +72,296 @@ QUICK_OPTIONS: dict[str, dict[str, Any]] = {
     "sa": {"num_reads": 30, "num_sweeps": 300, "max_rounds": 6},
     "tabu": {"num_reads": 4, "num_restarts": 1},
 }
+HEURISTICS = ("swap-sa", "swap-tabu", "sa", "sa[λ=safe]", "tabu", "qaoa")
 
 
-INSTANCES = Path(__file__).resolve().parent / "instances"
-
-
-def instances(quick: bool, seed: int, files: list[str], synthetic: bool = True) -> list[dict[str, Any]]:
+def instances(groups: list[str], quick: bool, seed: int, files: list[str]) -> list[dict[str, Any]]:
+    """(name, group, qubo, M) of every case."""
     out = []
-    shapes = (QUICK if quick else [SMALL_FOR_QAOA] + SYNTHETIC) if synthetic else []
-    for n, m in shapes:
-        out.append({"name": f"synthetic({n},{m})", "qubo": random_block_qubo(n, seed), "M": m})
-    if not files and not quick:  # the default model's real instances (benchmarks/make_instances.py)
-        files = [f"{p}:{'16,30' if 'sublayer' in p.name else '8,15'}" for p in sorted(INSTANCES.glob("*.cboq"))]
+
+    def add(name: str, group: str, q: BlockQUBO, ms: Any) -> None:
+        for m in ms:
+            out.append({"name": name, "group": group, "qubo": q, "M": int(m)})
+
+    if quick:
+        for n, m in QUICK:
+            add(f"random_block_qubo({n}, {seed})", "synthetic", random_block_qubo(n, seed), [m])
+    elif "synthetic" in groups:
+        for n, m in SYNTHETIC:
+            add(f"random_block_qubo({n}, {seed})", "synthetic", random_block_qubo(n, seed), [m])
+    if not quick and "real" in groups:
+        for path in sorted(INSTANCES.glob("smollm2-135m_*.cboq")):
+            granularity = "sublayer" if "_sublayer_" in path.name else "layer"
+            add(path.stem, f"real {granularity}", BlockQUBO.load(path), REAL_M[granularity])
+    if not quick and "fisher" in groups:
+        for granularity, n, ms in FISHER:
+            for samples in FISHER_SAMPLES:
+                stem = f"synthetic-fisher_{granularity}_n{n}_s{samples}"
+                path = INSTANCES / f"{stem}.cboq"
+                q = BlockQUBO.load(path) if path.exists() else fisher_block_qubo(n, 0, samples=samples,
+                                                                                  granularity=granularity)  # fmt: skip
+                add(stem, f"Fisher-shaped N={n}", q, ms)
     for spec in files:
         path, _, m = spec.partition(":")
         q = BlockQUBO.load(path)
-        for mm in m.split(",") if m else [str(q.n // 4)]:
-            out.append({"name": f"{Path(path).name}(M={mm})", "qubo": q, "M": int(mm)})
+        add(Path(path).name, "files", q, [int(v) for v in m.split(",")] if m else [q.n // 4])
     return out
 
 
 def warm_up() -> None:
     """Compile the numba kernels once so that timings exclude JIT compilation."""
     q = random_block_qubo(10, 0)
-    for name in ("swap-sa", "swap-tabu", "enumerate"):
+    for name, opts in (
+        ("swap-sa", {}),
+        ("swap-tabu", {}),
+        ("enumerate", {}),
+        ("enumerate", {"strategy": "relaxation"}),
+    ):
         try:
-            solve(q, 3, name, k=3, seed=0)
+            solve(q, 3, name, k=3, seed=0, **opts)
         except CBOError:
             pass
 
 
-def run_one(
-    q: BlockQUBO, M: int, label: str, name: str, extra: dict[str, Any], time_limit: float, quick: bool, seed: int
-) -> dict[str, Any]:
-    opts = {**(QUICK_OPTIONS.get(name, {}) if quick else {}), **extra}
-    t = time.perf_counter()
+def run_one(q: BlockQUBO, M: int, name: str, options: dict[str, Any], time_limit: float | None) -> dict[str, Any]:
+    """One solve: energies, states, wall and CPU seconds, or the reason it did not run."""
+    t, c = time.perf_counter(), time.process_time()
     try:
-        res = solve(q, M, name, k=K, seed=seed, time_limit=time_limit, **opts)
+        res = solve(q, M, name, k=K, seed=0, time_limit=time_limit, **options)
     except CBOError as exc:
-        return {"solver": label, "status": f"skipped: {str(exc).split(';')[0].splitlines()[0][:100]}"}
-    wall = time.perf_counter() - t
+        return {"status": f"skipped: {str(exc).split(';')[0].splitlines()[0][:100]}"}
     info = res.info
     return {
-        "solver": label,
-        "result_solver": res.solver if not extra else label,
         "status": "ok",
-        "wall_s": wall,
+        "result_solver": res.solver,
+        "wall_s": time.perf_counter() - t,
+        "cpu_s": time.process_time() - c,
         "exact": res.exact,
         "energies": [float(e) for e in res.energies],
         "removed": [res.removed(i) for i in range(len(res))],
         "feasible_fraction": info.get("feasible_fraction"),
-        "distinct": len(res),
-        "options": opts,
+        "strategy": info.get("strategy"),
+        "timed_out": bool(info.get("timed_out")),
+        "options": options,
+        "time_limit": time_limit,
     }
 
 
-def reference(q: BlockQUBO, M: int, rows: list[dict[str, Any]], time_limit: float, quick: bool) -> dict[str, Any]:
-    """Exact top-K from the enumerator row when it finished, else the best known over everything."""
-    for row in rows:
-        if row["solver"] in ("enumerate", "enumerate-gpu") and row["status"] == "ok" and row["exact"]:
-            return {"kind": "exact", "energies": row["energies"], "by": row["solver"]}
+class Records:
+    """The JSONL file of finished runs, keyed by (instance, M, label, time limit): a rerun skips them."""
+
+    def __init__(self, path: Path, fresh: bool) -> None:
+        self.path = path
+        self.done: dict[tuple, dict[str, Any]] = {}
+        if path.exists() and not fresh:
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    self.done[(rec["instance"], rec["M"], rec["label"], rec.get("limit"))] = rec
+        elif fresh and path.exists():
+            path.unlink()
+
+    def get(self, inst: dict[str, Any], label: str, limit: float | None) -> dict[str, Any] | None:
+        return self.done.get((inst["name"], inst["M"], label, limit))
+
+    def add(self, inst: dict[str, Any], label: str, limit: float | None, rec: dict[str, Any]) -> dict[str, Any]:
+        rec = {"instance": inst["name"], "M": inst["M"], "label": label, "limit": limit, **rec}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.done[(inst["name"], inst["M"], label, limit)] = rec
+        return rec
+
+
+def reference(rows: list[dict[str, Any]], proof: dict[str, Any]) -> dict[str, Any]:
+    """The proven top-10 when the reference search finished, else the best known over every run."""
+    if proof.get("status") == "ok" and proof["exact"]:
+        return {"kind": "proven", "energies": proof["energies"], "seconds": proof["wall_s"], "cpu_s": proof["cpu_s"]}
     pool: dict[tuple, float] = {}
-    for row in rows:
-        if row["status"] == "ok":
+    for row in [proof, *rows]:
+        if row.get("status") == "ok":
             for rem, e in zip(row["removed"], row["energies"]):
                 pool[tuple(rem)] = e
-    long_runs = [] if quick else [("swap-sa", {"restarts": 400, "patience": 0, "sweeps": 1000})]
-    long_runs += [] if quick else [("swap-tabu", {"restarts": 200, "patience": 0, "iterations": 2000})]
-    for name, opts in long_runs:
-        res = solve(q, M, name, k=K, seed=12345, **opts)
-        for i in range(len(res)):
-            pool[tuple(res.removed(i))] = float(res.energies[i])
     best = sorted(pool.values())[:K]
-    return {"kind": "best-known", "energies": best, "by": "union of all runs + long swap-sa/swap-tabu runs"}
+    seconds = proof.get("wall_s")
+    return {"kind": "best-known", "energies": best, "seconds": seconds, "cpu_s": proof.get("cpu_s")}
 
 
 def score(row: dict[str, Any], ref: dict[str, Any]) -> None:
-    if row["status"] != "ok" or not row["energies"]:
+    if row.get("status") != "ok" or not row["energies"] or not ref["energies"]:
         return
-    e_ref = ref["energies"]
-    tol = 1e-9 * max(1.0, abs(e_ref[-1]))
-    row["gap"] = row["energies"][0] - e_ref[0]
-    row["recall"] = sum(1 for e in row["energies"][: len(e_ref)] if e <= e_ref[-1] + tol) / len(e_ref)
+    scored = solver_row(row["energies"], ref["energies"], reference=ref["kind"])
+    row.update(gap=scored["gap"], rel_gap=scored["rel_gap"], recall=scored["top10_recall"])
+
+
+def never_worse(rows: dict[str, dict[str, Any]]) -> bool | None:
+    """Whether the time-limited enumerate's states are at least as good as auto's, state by state."""
+    e, a = rows.get("enumerate"), rows.get("auto")
+    if not (e and a and e.get("status") == "ok" and a.get("status") == "ok"):
+        return None
+    if len(e["energies"]) < len(a["energies"]):
+        return False
+    tol = 1e-9 * max(1.0, abs(a["energies"][-1]))
+    return all(x <= y + tol for x, y in zip(e["energies"], a["energies"]))
+
+
+def _fmt(v: Any, spec: str = ".3g") -> str:
+    return "–" if v is None else format(v, spec)
 
 
 def markdown(table: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Solver benchmark",
         "",
-        f"{meta['date']}, {meta['machine']}, {meta['cpus']} CPUs; k = {K}; time limit {meta['time_limit']} s "
-        f"per run; synthetic instances `random_block_qubo(n, seed={meta['seed']})`, files as named "
-        f"(`NAME.cboq(M=...)`). Wall times exclude numba compilation; load average at start "
-        f"{meta.get('load_average')}; whole run {meta.get('wall_time_s', 0):.0f} s.",
+        f"{meta['date']}, {meta['machine']}, {meta['cpus']} CPUs, NUMBA_NUM_THREADS={meta['numba_threads']}; "
+        f"k = {K}; time limit {meta['time_limit']} s per run (auto: its own budget); reference: the exact "
+        f"enumerator, up to {meta['reference_limit']} s; load average at start {meta.get('load_average')}; whole "
+        f"run {meta.get('wall_time_s', 0):.0f} s. Wall times exclude numba compilation.",
         "",
-        "| instance | reference | solver | wall (s) | gap to ref. | top-10 recall | feasible frac. | distinct | exact |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
+        "## By group (mean top-10 recall, minimum in brackets; worst relative gap; median wall time)",
+        "",
+    ]
+    lines += summary(table)
+    lines += [
+        "",
+        "## Every instance",
+        "",
+        "| instance | M | reference (s) | solver | wall (s) | gap | rel. gap | recall | exact |",
+        "|---|---:|---|---|---:|---:|---:|---:|---|",
     ]
     for inst in table:
+        ref = inst["reference"]
+        refcell = f"{ref['kind']} ({_fmt(ref['seconds'])})"
         for row in inst["rows"]:
-            if row["status"] != "ok":
-                lines.append(f"| {inst['name']} | {inst['reference']['kind']} | {row['solver']} | – | – | – | – | – | "
-                             f"{row['status']} |")  # fmt: skip
+            if row.get("status") != "ok":
+                lines.append(f"| {inst['name']} | {inst['M']} | {refcell} | {row['label']} | – | – | – | – | "
+                             f"{row.get('status')} |")  # fmt: skip
                 continue
-            ff = row["feasible_fraction"]
+            label = row["label"] if row["label"] != row["solver"] else row.get("result_solver", row["label"])
             lines.append(
-                f"| {inst['name']} | {inst['reference']['kind']} | {row['result_solver']} | {row['wall_s']:.3g} | "
-                f"{row['gap']:.3g} | {row['recall']:.1f} | {'–' if ff is None else f'{ff:.3g}'} | {row['distinct']} | "
+                f"| {inst['name']} | {inst['M']} | {refcell} | {label} | {row['wall_s']:.3g} | {_fmt(row.get('gap'))} "
+                f"| {_fmt(row.get('rel_gap'), '.2%')} | {_fmt(row.get('recall'), '.1f')} | "
                 f"{'yes' if row['exact'] else 'no'} |"
             )
+    checks = [(inst["name"], inst["M"], inst["enumerate_never_worse"]) for inst in table]
+    bad = [f"{n} M={m}" for n, m, ok in checks if ok is False]
+    done = [c for c in checks if c[2] is not None]
+    lines += ["", f"Time-limited `enumerate` at least as good as `auto`, state by state: {len(done) - len(bad)} of "
+              f"{len(done)} instances" + (f"; not on {', '.join(bad)}" if bad else "") + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
-def targets(table: list[dict[str, Any]]) -> list[str]:
-    """The issue's targets for the swap annealer, checked on this run."""
-    out = []
-    by = {inst["name"]: {r["solver"]: r for r in inst["rows"]} for inst in table}
-    for name, limit, kind in (("synthetic(80,8)", 1.0, "exact"), ("synthetic(80,32)", 2.0, "best-known")):
-        rows = by.get(name)
-        if not rows or rows.get("swap-sa", {}).get("status") != "ok":
-            continue
-        s = rows["swap-sa"]
-        ok = s["recall"] == 1.0 and s["wall_s"] <= limit
-        out.append(f"swap-sa {kind} top-10 of {name} within {limit:g} s: recall {s['recall']:.1f} in "
-                   f"{s['wall_s']:.3g} s -> {'MET' if ok else 'NOT MET'}")  # fmt: skip
-        others = [(n, rows[n]["recall"]) for n in ("sa", "sa[λ=safe]", "tabu") if rows.get(n, {}).get("status") == "ok"]
-        recs = [rec for _, rec in others]
-        beat = all(s["recall"] >= rec for rec in recs) and (s["recall"] == 1.0 or s["recall"] > max(recs, default=0))
-        out.append(f"  beats penalty-based {', '.join(f'{n} (recall {r:.1f})' for n, r in others)} on recall: "
-                   f"{'MET' if beat else 'NOT MET'}")  # fmt: skip
-    return out
+def summary(table: list[dict[str, Any]]) -> list[str]:
+    """One row per solver: per group, mean recall (min), worst relative gap, median wall, proven references."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for inst in table:
+        groups.setdefault(inst["group"], []).append(inst)
+    head = "| solver | " + " | ".join(
+        f"{g} ({sum(i['reference']['kind'] == 'proven' for i in insts)}/{len(insts)} proven)"
+        for g, insts in groups.items()
+    )
+    lines = [head + " |", "|---|" + "---|" * len(groups)]
+    labels: list[str] = []
+    for inst in table:
+        for row in inst["rows"]:
+            if row["label"] not in labels:
+                labels.append(row["label"])
+    for label in labels:
+        cells = []
+        for insts in groups.values():
+            rows = [r for i in insts for r in i["rows"] if r["label"] == label and r.get("recall") is not None]
+            if not rows:
+                cells.append("–")
+                continue
+            rec = [r["recall"] for r in rows]
+            gaps = [r["rel_gap"] for r in rows if r.get("rel_gap") is not None]
+            wall = statistics.median(r["wall_s"] for r in rows)
+            cells.append(f"{statistics.mean(rec):.2f} ({min(rec):.1f}), {_fmt(max(gaps), '.1%')}, {wall:.2g} s")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", help="QUBO files (BlockQUBO.save), optionally with ':M' or ':M1,M2'")
-    ap.add_argument("--quick", action="store_true", help="small instances and short settings (smoke test)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "out"), help="output folder")
+    ap.add_argument("--instances", default=",".join(GROUPS), help=f"groups: {', '.join(GROUPS)} (or none)")
+    ap.add_argument("--quick", action="store_true", help="small synthetic instances and short settings (smoke test)")
+    ap.add_argument("--out", default=str(HERE / "out"), help="output folder")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per solver run (default 30; quick 5)")
-    ap.add_argument("--seed", type=int, default=0, help="instance seed (solvers use seed 0)")
-    ap.add_argument("--solvers", default=None, help="comma-separated subset of solvers")
-    ap.add_argument(
-        "--no-synthetic", action="store_true", help="only the QUBO files (default: benchmarks/instances/*.cboq)"
-    )
+    ap.add_argument("--reference-limit", type=float, default=600.0, help="seconds for each exact reference")
+    ap.add_argument("--seed", type=int, default=0, help="synthetic instance seed (solvers use seed 0)")
+    ap.add_argument("--solvers", default=None, help="comma-separated subset of solvers (and variant labels)")
+    ap.add_argument("--fresh", action="store_true", help="forget the recorded runs and start again")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     time_limit = args.time_limit or (5.0 if args.quick else 30.0)
+    groups = [g for g in args.instances.split(",") if g in GROUPS]
     avail = available()
-    names = [n for n, a in avail.items() if n not in SKIP]
+    entries = [(name, name, {}) for name in avail if name not in SKIP]
+    entries += [(label, name, opts) for label, name, opts in VARIANTS if name in avail]
     if args.solvers:
-        names = [n for n in args.solvers.split(",") if n in avail]
+        wanted = set(args.solvers.split(","))
+        entries = [e for e in entries if e[0] in wanted or e[1] in wanted]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = Records(out / "solvers.jsonl", args.fresh)
     warm_up()
     table = []
-    for inst in instances(args.quick, args.seed, args.files, synthetic=not args.no_synthetic):
+    for inst in instances(groups, args.quick, args.seed, args.files):
         q, M = inst["qubo"], inst["M"]
+        proof = records.get(inst, "reference", args.reference_limit)
+        if proof is None:
+            rec = run_one(q, M, "enumerate", {}, args.reference_limit)
+            proof = records.add(inst, "reference", args.reference_limit, rec)
         rows = []
-        entries = [(name, name, {}) for name in names]
-        entries += [(label, name, opts) for label, name, opts in VARIANTS if name in names]
         for label, name, extra in entries:
-            if not avail[name].ok:
-                rows.append(
-                    {"solver": label, "status": f"unavailable: {avail[name].reason.split(';')[0].split(' (')[0]}"}
-                )
-                continue
-            if name == "qaoa" and args.quick and q.n > QUICK_QAOA_MAX_N:
-                rows.append(
-                    {"solver": label, "status": f"skipped: quick run simulates QAOA only for n <= {QUICK_QAOA_MAX_N}"}
-                )
-                continue
-            if name.startswith("enumerate") and math.comb(q.n, M) > MAX_ENUMERATE_STATES:
-                rows.append({"solver": label, "status": f"skipped: C({q.n},{M}) states cannot be enumerated"})
-                continue
-            rows.append(run_one(q, M, label, name, extra, time_limit, args.quick, 0))
-            print(f"{inst['name']:<22} {label:<14} {rows[-1]['status']:<8} "
-                  f"{rows[-1].get('wall_s', float('nan')):8.3f} s", flush=True)  # fmt: skip
-        ref = reference(q, M, rows, time_limit, args.quick)
+            limit = None if name == "auto" else time_limit
+            rec = records.get(inst, label, limit)
+            if rec is None:
+                opts = {**(QUICK_OPTIONS.get(name, {}) if args.quick else {}), **extra}
+                if not avail[name].ok:
+                    rec = {"status": f"unavailable: {avail[name].reason.split(';')[0].split(' (')[0]}"}
+                elif name == "qaoa" and q.n > (QUICK_QAOA_MAX_N if args.quick else QAOA_MAX_N):
+                    rec = {"status": f"skipped: QAOA is simulated only for n <= {QAOA_MAX_N}"}
+                else:
+                    rec = run_one(q, M, name, opts, limit)
+                rec = records.add(inst, label, limit, {"solver": name, **rec})
+            rows.append(rec)
+            print(f"{inst['name']:<42} M={M:<3} {label:<12} {rec['status']:<8} {rec.get('wall_s', math.nan):8.3f} s",
+                  flush=True)  # fmt: skip
+        ref = reference(rows, proof)
         for row in rows:
             score(row, ref)
-        table.append({"name": inst["name"], "n": q.n, "M": M, "reference": ref, "rows": rows})
+        table.append(
+            {
+                "name": inst["name"],
+                "group": inst["group"],
+                "n": q.n,
+                "M": M,
+                "reference": ref,
+                "proof": proof,
+                "rows": rows,
+                "enumerate_never_worse": never_worse({r["label"]: r for r in rows}),
+            }
+        )
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
+        "numba_threads": os.environ.get("NUMBA_NUM_THREADS", "default"),
         "load_average": [round(x, 2) for x in load] if load else None,
         "wall_time_s": round(time.perf_counter() - started, 1),
         "time_limit": time_limit,
+        "reference_limit": args.reference_limit,
         "seed": args.seed,
         "quick": args.quick,
         "k": K,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report = markdown(table, meta)
-    tgt = [] if args.quick else targets(table)
-    if tgt:
-        report += "\nTargets:\n\n" + "\n".join(f"- {t}" if not t.startswith("  ") else f"  {t.strip()}" for t in tgt)
-        report += "\n"
     (out / "solvers.md").write_text(report)
-    (out / "solvers.json").write_text(json.dumps({"meta": meta, "instances": table, "targets": tgt}, indent=1))
+    (out / "solvers.json").write_text(json.dumps({"meta": meta, "instances": table}, indent=1))
     print(report)
     return 0
 

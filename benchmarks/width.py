@@ -39,11 +39,11 @@ from cbo.blocks import find_blocks
 from cbo.data import make_splits
 from cbo.evaluate import count_parameters, evaluate, reference_logits, throughput
 from cbo.models import load_model
+from cbo.pipeline.proposers import CBOProposer, depth_proposer
 from cbo.surgery.depth import remove_blocks
 from cbo.surgery.width import prune_width
 from cbo.width.allocate import allocate
 from cbo.width.mop import mixture_of_pruners
-from cbo.width.proposers import CBOProposer, depth_proposer
 from cbo.width.scores import score_units, score_variants
 from cbo.width.scores.afr import EARLIER_OPTIONS
 

@@ -9,11 +9,13 @@ from cbo.errors import (
     CorruptFileError,
     DataError,
     InfeasibleError,
+    InvalidOptionError,
     InvalidQUBOError,
     MissingExtraError,
     ModelError,
     SolverError,
     SolverUnavailableError,
+    UnknownNameError,
     UnknownSolverError,
 )
 from cbo.qubo import BlockQUBO, Constraints
@@ -25,10 +27,13 @@ __version__ = "0.1.0"
 # Model-side API, imported on first use so that `import cbo` does not import torch.
 _LAZY = {
     "estimate_hessian": "cbo.hessian",
+    "Measurer": "cbo.hessian.measure",
     "prune_depth": "cbo.pipeline",
     "compress": "cbo.pipeline",
+    "DepthReport": "cbo.pipeline",
     "load_model": "cbo.models",
     "remove_blocks": "cbo.surgery.depth",
+    "save_pruned": "cbo.surgery.io",
     "load_pruned": "cbo.surgery.io",
     "evaluate_tasks": "cbo.downstream.harness",
     "convert_gguf": "cbo.convert",
@@ -50,6 +55,7 @@ __all__ = [
     "CorruptFileError",
     "DataError",
     "InfeasibleError",
+    "InvalidOptionError",
     "InvalidQUBOError",
     "MissingExtraError",
     "ModelError",
@@ -57,6 +63,7 @@ __all__ = [
     "SolverError",
     "SolverUnavailableError",
     "State",
+    "UnknownNameError",
     "UnknownSolverError",
     "solve",
 ]

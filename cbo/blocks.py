@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cbo.errors import ModelError
+from cbo.errors import InfeasibleError, ModelError
 from cbo.extras import require
 
 torch = require("torch", "model blocks")
@@ -284,6 +284,40 @@ def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
                 )
             )
     return blocks
+
+
+def resolve_keep(keep: Any, blocks: Any) -> list[int]:
+    """Sorted indices into ``blocks`` of the blocks never removed.
+
+    Args:
+        keep: None, one block or a list of them, each an index or a name (``"layers.0"``; digit strings count as
+            indices, as the command line gives them).
+        blocks: the block list (:func:`find_blocks`).
+
+    Raises:
+        InfeasibleError: a name that is no block's, or an index out of range.
+
+    Example:
+        >>> resolve_keep([0, "layers.29"], find_blocks(model))          # doctest: +SKIP
+        [0, 29]
+    """
+    if keep is None:
+        return []
+    names = [b.name for b in blocks]
+    out = []
+    for k in [keep] if isinstance(keep, (int, str)) else keep:
+        if isinstance(k, str) and not k.strip().lstrip("-").isdigit():
+            if k not in names:
+                raise InfeasibleError(f"keep names unknown block {k!r}; blocks are {names[0]}..{names[-1]}.")
+            out.append(names.index(k))
+            continue
+        if isinstance(k, bool) or not isinstance(k, str) and not hasattr(k, "__index__"):
+            raise InfeasibleError(f"keep lists blocks by index or name, got {k!r} of type {type(k).__name__}.")
+        i = int(k)
+        if not 0 <= i < len(blocks):
+            raise InfeasibleError(f"keep index {i} is out of range; valid: 0..{len(blocks) - 1}.")
+        out.append(i)
+    return sorted(set(out))
 
 
 def block_names(model: Any, granularity: str = "layer") -> list[str]:

@@ -22,29 +22,14 @@ from typing import Any
 from cbo.data import check_windows
 from cbo.errors import DataError
 from cbo.extras import require
+from cbo.forward import input_device, model_logits, window_batches
 
 torch = require("torch", "evaluation")
 F = torch.nn.functional
 
 
-def _device(model: Any) -> Any:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
-def _logits(model: Any, batch: Any) -> Any:
-    out = model(input_ids=batch.to(_device(model)), use_cache=False)
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    return logits.float()
-
-
-def _batches(windows: Any, batch_size: int):
-    if batch_size < 1:
-        raise DataError(f"batch_size must be >= 1, got {batch_size}")
-    for start in range(0, windows.shape[0], batch_size):
-        yield start, windows[start : start + batch_size]
+def _float_logits(model: Any, batch: Any) -> Any:
+    return model_logits(model, batch.to(input_device(model))).float()
 
 
 def _check_ref(windows: Any, ref_logprobs: Any) -> None:
@@ -64,7 +49,8 @@ def reference_logits(model: Any, windows: Any, *, batch_size: int = 8, dtype: An
     windows = check_windows(windows, model)
     dtype = torch.float32 if dtype is None else dtype
     parts = [
-        F.log_softmax(_logits(model, batch), dim=-1).to("cpu", dtype) for _, batch in _batches(windows, batch_size)
+        F.log_softmax(_float_logits(model, batch), dim=-1).to("cpu", dtype)
+        for _, batch in window_batches(windows, batch_size)
     ]
     return torch.cat(parts, dim=0)
 
@@ -75,8 +61,8 @@ def _scores(model: Any, windows: Any, ref_logprobs: Any | None, batch_size: int)
     if ref_logprobs is not None:
         _check_ref(windows, ref_logprobs)
     nll_sum, kl_sum, agree, n_pred, n_pos = 0.0, 0.0, 0, 0, 0
-    for start, batch in _batches(windows, batch_size):
-        logits = _logits(model, batch)
+    for start, batch in window_batches(windows, batch_size):
+        logits = _float_logits(model, batch)
         logp = F.log_softmax(logits, dim=-1)
         target = batch[:, 1:].to(logp.device)
         nll_sum += float(-logp[:, :-1].gather(-1, target.unsqueeze(-1)).sum())
@@ -195,7 +181,7 @@ def throughput(
     """
     if prompt_len < 1 or new_tokens < 1 or batch_size < 1 or repeats < 1:
         raise DataError("prompt_len, new_tokens, batch_size and repeats must all be >= 1")
-    device = _device(model)
+    device = input_device(model)
     vocab = model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (batch_size, prompt_len), generator=g).to(device)

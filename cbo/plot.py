@@ -40,6 +40,11 @@ def _pyplot() -> Any:
     return plt
 
 
+def close(fig: Any) -> None:
+    """Close a figure drawn here (frees its memory; the files written stay)."""
+    _pyplot().close(fig)
+
+
 def _finish(fig: Any, path: str | Path | None) -> Any:
     if path is not None:
         path = Path(path)

@@ -218,6 +218,9 @@ def run_cell(cell: Cell, qubo: BlockQUBO | None = None) -> dict[str, Any]:
         record.update(status="error", error=f"{type(exc).__name__}: {exc}")
         return record
     info = states.info
+    if info.get("interrupted"):
+        # Ctrl-C stopped the solver: the cell is not finished (a rerun solves it again), and the sweep stops
+        raise KeyboardInterrupt(f"interrupted while solving {cell.solver} on {cell.instance}, M={cell.remove}")
     record.update(
         status="ok",
         error="",

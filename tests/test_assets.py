@@ -210,9 +210,9 @@ def test_pypi_unreachable_is_reported(cbo_home, monkeypatch):
 def test_cli_setup_reports_failure(monkeypatch, cbo_home):
     from typer.testing import CliRunner
 
-    from cbo.cli import _register, app
+    from cbo.cli import app, register_commands
 
-    _register()  # every command module, `setup` included
+    register_commands()  # every command module, `setup` included
 
     def unreachable(progress=True):
         raise SourceUnavailableError("could not download the Debian package 'r-cran-janeaustenr'")
@@ -229,9 +229,9 @@ def test_cli_setup_reports_failure(monkeypatch, cbo_home):
 def test_cli_setup_named_models_and_list(monkeypatch, cbo_home):
     from typer.testing import CliRunner
 
-    from cbo.cli import _register, app
+    from cbo.cli import app, register_commands
 
-    _register()
+    register_commands()
     installed = []
     monkeypatch.setattr(assets, "ensure_model", lambda name, progress=True: installed.append(name) or Path("/g"))
     monkeypatch.setattr(assets, "ensure_default_model", lambda progress=True: installed.append("default") or Path("/m"))

@@ -53,6 +53,7 @@ def test_prune_depth_validates_the_top_states_and_returns_the_best_pruned_model(
         assert v.removed == report.states.removed(v.rank)
     best = min(report.validation, key=lambda v: v.kl)
     assert report.chosen_rank == best.rank and report.chosen_blocks == best.removed
+    assert report.pruned_metrics["ppl"] == pytest.approx(_kl_and_ppl(model, report.pruned_model, splits.validation)[1])
     assert report.chosen_names == [f"layers.{i}" for i in best.removed]
     pruned = report.pruned_model
     assert pruned is not model and pruned.config.num_hidden_layers == 4
@@ -72,6 +73,63 @@ def test_prune_depth_validates_the_top_states_and_returns_the_best_pruned_model(
     reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(splits.test).logits, pruned(splits.test).logits)
+
+
+def test_validation_copies_no_model_and_only_the_choice_is_removed(tiny_model, tiny_windows, monkeypatch):
+    import copy
+
+    from cbo.surgery import depth as surgery
+
+    model = tiny_model("llama", n_layers=5)
+    copies, removals = [], []
+    real_copy, real_remove = copy.deepcopy, surgery.remove_blocks
+    monkeypatch.setattr(copy, "deepcopy", lambda obj, *a: (copies.append(type(obj).__name__), real_copy(obj, *a))[1])
+    monkeypatch.setattr(
+        surgery, "remove_blocks", lambda m, b, **kw: (removals.append(list(b)), real_remove(m, b, **kw))[1]
+    )
+    report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=2, top_k=5, validate=5, **SOLVE)
+    assert len(report.validation) == 5
+    assert removals == [report.chosen_blocks]  # one surgery: the chosen state's
+    assert copies.count(type(model).__name__) == 1
+    # the work: one original pass over the validation windows, then the states from the recorded streams
+    work = report.work["validation"]
+    assert work["original_passes"] == 1 and work["full_passes"] == 0 and work["sets"] == 5
+    assert 1 < work["forward_equivalents"] < 1 + 5
+    assert report.work["estimate_forward_equivalents"] == report.qubo.metadata["forward_equivalents"]
+
+
+def test_sublayer_validation_equals_the_surgically_pruned_models(tiny_model, tiny_windows):
+    from cbo.blocks import find_blocks
+    from cbo.surgery.depth import remove_sublayers
+
+    model = tiny_model("qwen2", n_layers=3)
+    splits = _splits(model, tiny_windows)
+    report = prune_depth(model, None, splits=splits, remove=2, granularity="sublayer", top_k=4, validate=4, **SOLVE)
+    blocks = find_blocks(model, "sublayer")
+    for v in report.validation:
+        kl, ppl = _kl_and_ppl(model, remove_sublayers(model, [blocks[i] for i in v.removed]), splits.validation)
+        assert v.kl == pytest.approx(kl, rel=1e-4, abs=1e-7) and v.ppl == pytest.approx(ppl, rel=1e-4)
+
+
+def test_report_save_load_round_trip(tiny_model, tiny_windows, tmp_path):
+    from cbo.errors import CorruptFileError
+
+    model = tiny_model("llama", n_layers=4)
+    splits = _splits(model, tiny_windows)
+    report = prune_depth(model, None, splits=splits, remove=1, keep=[0], top_k=3, validate=2, **SOLVE)
+    again = DepthReport.load(report.save(tmp_path / "r.json"))
+    assert again.to_json() == report.to_json() and again.pruned_model is None
+    assert again.qubo.constraints.keep == (0,)
+    folder = report.save_model(tmp_path / "out")
+    loaded = DepthReport.load(folder)
+    assert loaded.to_json() == report.to_json()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.pruned_model(splits.test).logits, report.pruned_model(splits.test).logits)
+    (tmp_path / "bad.json").write_text('{"format": "cbo.other"}')
+    with pytest.raises(CorruptFileError, match="not a DepthReport"):
+        DepthReport.load(tmp_path / "bad.json")
+    with pytest.raises(CBOError, match="holds no model"):
+        again.save_model(tmp_path / "nothing")
 
 
 def test_validate_zero_chooses_the_ground_state(tiny_model, tiny_windows):
@@ -128,6 +186,14 @@ def test_bad_requests_are_refused(tiny_model, tiny_windows):
         prune_depth(model, None, splits=splits, remove=1, method="magic", **SOLVE)
     with pytest.raises(CBOError, match="validate must be"):
         prune_depth(model, None, splits=splits, remove=1, validate=-1, **SOLVE)
+    from cbo.errors import InvalidOptionError, UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="unknown estimator 'newton'"):
+        prune_depth(model, None, splits=splits, remove=1, estimator="newton", **SOLVE)
+    with pytest.raises(InvalidOptionError, match="no option"):
+        prune_depth(model, None, splits=splits, remove=1, estimator_options={"lables": 1}, **SOLVE)
+    with pytest.raises(UnknownNameError, match="unknown solver 'magic'"):
+        prune_depth(model, None, splits=splits, remove=1, **{**SOLVE, "solver": "magic"})
     with pytest.raises(CBOError, match="tokenizer is needed"):
         prune_depth(model, None, remove=1, **SOLVE)
 
@@ -136,17 +202,19 @@ def test_other_methods_dispatch_to_the_baselines_module(tiny_model, tiny_windows
     calls = []
     fake = types.ModuleType("cbo.baselines")
     fake.__spec__ = ModuleSpec("cbo.baselines", None)
-    fake.METHODS = ["block_influence"]
+    fake.methods = lambda: ["block_influence"]
 
-    def select_blocks(method, model, splits, remove):
-        calls.append((method, remove))
+    def select_blocks(method, model, splits, remove, *, granularity, keep, batch_size, progress):
+        calls.append((method, remove, granularity, keep))
         return [3, 1]
 
     fake.select_blocks = select_blocks
     monkeypatch.setitem(sys.modules, "cbo.baselines", fake)
     model = tiny_model("llama", n_layers=5)
-    report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=2, method="block_influence", **SOLVE)
-    assert calls == [("block_influence", 2)]
+    report = prune_depth(
+        model, None, splits=_splits(model, tiny_windows), remove=2, method="block_influence", keep=[0], **SOLVE
+    )
+    assert calls == [("block_influence", 2, "layer", [0])]
     assert report.chosen_blocks == [1, 3] and report.qubo is None and report.states is None
     assert report.validation[0].rank is None and report.pruned_model.config.num_hidden_layers == 3
     from rich.console import Console
@@ -223,11 +291,11 @@ def _model_folder(tmp_path, tiny_model):
 def test_cli_hessian_and_prune(tiny_model, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from cbo.cli import _register, app
+    from cbo.cli import app, register_commands
     from cbo.qubo import BlockQUBO
 
     monkeypatch.setenv("CBO_HOME", str(tmp_path / "home"))
-    _register()
+    register_commands()
     folder, text = _model_folder(tmp_path, tiny_model)
     runner = CliRunner()
     small = ["--text", str(text), "--seq-len", "16", "--n-calibration", "3"]

@@ -52,7 +52,7 @@ def test_gemma3_windows_blocks_and_surgery(gemma, default_text):
 def test_cli_eval_on_the_default_model_and_a_pruned_one(default_model, default_text, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from cbo.cli import _register, app
+    from cbo.cli import app, register_commands
     from cbo.downstream.local_tasks import ensure_local_tasks
     from cbo.surgery.depth import remove_blocks
 
@@ -64,7 +64,7 @@ def test_cli_eval_on_the_default_model_and_a_pruned_one(default_model, default_t
     tokenizer.save_pretrained(tmp_path / "pruned")
     model.save_pretrained(tmp_path / "original")
     tokenizer.save_pretrained(tmp_path / "original")
-    _register()
+    register_commands()
     accuracy = {}
     for name in ("original", "pruned"):
         args = ["eval", str(tmp_path / name), "--tasks", "austen_cloze", "--limit", "40", "-q"]

@@ -84,6 +84,26 @@ def test_interrupted_sweep_resumes_and_computes_each_cell_once(tmp_path, counted
             assert row["distinct_states"] == 10 and row["feasible_fraction"] == 1.0
 
 
+def test_ctrl_c_in_a_cell_stops_the_sweep_without_recording_that_cell(tmp_path, monkeypatch):
+    """A solver stopped by Ctrl-C returns its best-so-far marked interrupted: that is no finished cell."""
+    cells = make_grid(["synthetic:10:3"], ["enumerate", "swap-tabu"], removes=[4], seeds=[0], reference=False)
+    real = sweep_mod.solve
+
+    def interrupted_tabu(qubo, remove, solver, k, **kwargs):
+        states = real(qubo, remove, solver, k, **kwargs)
+        if solver == "swap-tabu":
+            states.info["interrupted"] = True
+        return states
+
+    monkeypatch.setattr(sweep_mod, "solve", interrupted_tabu)
+    out = tmp_path / "s.jsonl"
+    with pytest.raises(KeyboardInterrupt, match="swap-tabu"):
+        run_sweep(cells, out)
+    assert [r["cell"]["solver"] for r in read_records(out)] == ["enumerate"]
+    monkeypatch.setattr(sweep_mod, "solve", real)
+    assert len(run_sweep(cells, out)) == 2  # a rerun solves the interrupted cell again
+
+
 def test_a_torn_last_line_is_skipped_and_its_cell_recomputed(tmp_path, counted):
     cells = make_grid(["synthetic:10:3"], ["enumerate"], removes=[4], seeds=[0], reference=False)
     out = tmp_path / "s.jsonl"
@@ -200,3 +220,25 @@ def test_ray_sweep_matches_local_and_resumes(ray_local, tmp_path):
     assert sorted(keys) == sorted(c.key for c in cells)  # each cell recorded once
     for r in records:
         np.testing.assert_allclose(r["energies"], local[r["key"]]["energies"], rtol=1e-12)
+
+
+def test_cli_sweep_ctrl_c_keeps_the_finished_cells(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import cbo.cli.qubo_cmds  # noqa: F401  (with two command groups the app takes the command name)
+    import cbo.cli.sweep_cmds  # noqa: F401
+    from cbo.cli import app
+
+    real = sweep_mod.solve
+
+    def interrupted_sa(qubo, remove, solver, k, **kwargs):
+        states = real(qubo, remove, solver, k, **kwargs)
+        states.info["interrupted"] = solver == "swap-sa"
+        return states
+
+    monkeypatch.setattr(sweep_mod, "solve", interrupted_sa)
+    out = tmp_path / "cli.jsonl"
+    args = ["sweep", "-i", "synthetic:10:1", "-s", "swap-sa", "-m", "3", "--out", str(out), "--quiet"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 130
+    assert "the 1 finished cells are kept" in " ".join(res.output.split()) and len(read_records(out)) == 1

@@ -96,7 +96,7 @@ def progress_bar(total: int, enabled: bool, desc: str) -> Any:
 
 def calibration_windows(splits_or_windows: Any, model: Any = None) -> Any:
     """(B, T) int64 windows: a tensor / array, or the calibration split of a ``TokenSplits``; at least one."""
-    from cbo.hessian.base import as_windows
+    from cbo.hessian.driver import as_windows
 
     windows = as_windows(splits_or_windows, model)
     if windows.shape[0] == 0:

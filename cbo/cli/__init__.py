@@ -1,6 +1,9 @@
-"""The ``cbo`` command. Each command group lives in its own module and registers on ``app``."""
+"""The ``cbo`` command. Each command group lives in its own module and registers on ``app`` when imported;
+``common.py`` holds what they share (consoles, errors, option parsers)."""
 
 from __future__ import annotations
+
+import importlib
 
 import typer
 
@@ -12,21 +15,25 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# the modules whose import adds their commands to `app` (imported by name: they import `app` from here)
+COMMAND_MODULES = (
+    "cbo.cli.demo_cmds",
+    "cbo.cli.eval_cmds",
+    "cbo.cli.model_cmds",
+    "cbo.cli.qubo_cmds",
+    "cbo.cli.setup_cmds",
+    "cbo.cli.sweep_cmds",
+    "cbo.cli.width_cmds",
+)
 
-def _register() -> None:
-    # each module adds its commands to `app` on import
-    from cbo.cli import (
-        demo_cmds,  # noqa: F401
-        eval_cmds,  # noqa: F401
-        model_cmds,  # noqa: F401
-        qubo_cmds,  # noqa: F401
-        setup_cmds,  # noqa: F401
-        sweep_cmds,  # noqa: F401
-        width_cmds,  # noqa: F401
-    )
+
+def register_commands() -> None:
+    """Import every command module (each adds its commands to ``app``)."""
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
 
 
 def main() -> None:
     """Entry point of the ``cbo`` console script."""
-    _register()
+    register_commands()
     app()

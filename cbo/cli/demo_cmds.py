@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from cbo.cli import app
+from cbo.cli.common import console, fail
 from cbo.errors import CBOError
-
-console = Console()
 
 
 @app.command()
@@ -30,10 +28,11 @@ def demo(
         report = prune_depth("smollm2-135m", remove=remove, top_k=10, validate=validate, progress=True)
         report.save_model(out)
     except CBOError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
     report.print(console)
     t = report.timings
     console.print("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items()))
     console.print(f"saved the pruned model, its tokenizer and report.json to {out}/")
-    console.print(f"reload it with: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    console.print(
+        f"reload it with: cbo.load_pruned({str(out)!r}) or AutoModelForCausalLM.from_pretrained({str(out)!r})"
+    )

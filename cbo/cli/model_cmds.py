@@ -7,47 +7,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 
 from cbo.cli import app
+from cbo.cli.common import MODEL_HELP, TEXT_HELP, console, fail, parse_blocks, parse_options, say
 from cbo.errors import CBOError
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
-
-MODEL_HELP = "'smollm2-135m' (the default, installed by `cbo setup`), a local Hugging Face folder, or a hub id."
-TEXT_HELP = "Text: a file, a folder of .txt files, or a .jsonl; default: the six Austen novels."
-
-
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(2)
-
-
-def _options(items: list[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs; VALUE is parsed as JSON when it can be (numbers, true/false), else kept as text."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise CBOError(f"--option takes KEY=VALUE, got {item!r}.")
-        k, v = item.split("=", 1)
-        try:
-            out[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k.strip()] = v
-    return out
-
-
-def _blocks(spec: Optional[str]) -> list[int | str]:
-    """'0,29' or 'layers.0,layers.29' -> [0, 29] / names."""
-    if not spec:
-        return []
-    return [int(p) if p.strip().lstrip("-").isdigit() else p.strip() for p in spec.split(",") if p.strip()]
-
-
-def _say(quiet: bool, message: str) -> None:
-    if not quiet:
-        err_console.print(message)
+ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
 
 
 @app.command()
@@ -55,12 +20,7 @@ def hessian(
     model: str = typer.Argument("smollm2-135m", help=MODEL_HELP),
     output: Path = typer.Option(..., "--output", "-o", help="QUBO file to write (.cboq)."),
     text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
-    estimator: str = typer.Option(
-        "fisher",
-        "--estimator",
-        "-e",
-        help="fisher (cheapest) | singles (the prune default) | hybrid | pairwise | exact.",
-    ),
+    estimator: str = typer.Option("fisher", "--estimator", "-e", help=f"{ESTIMATOR_HELP}; fisher is the cheapest."),
     loss: str = typer.Option("kl", "--loss", help="kl (to the original) or ce (next-token cross-entropy)."),
     granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
     n_calibration: int = typer.Option(32, help="Calibration windows."),
@@ -75,13 +35,13 @@ def hessian(
     from cbo.data import make_splits
     from cbo.hessian import estimate_hessian
     from cbo.models import load_model
-    from cbo.pipeline import _default_cache_dir
+    from cbo.pipeline.inputs import cache_dirs
 
     try:
-        opts = _options(option)
-        _say(quiet, f"loading {model} ...")
+        opts = parse_options(option, "--option")
+        say(quiet, f"loading {model} ...")
         m, tok = load_model(model)
-        _say(quiet, "cutting calibration windows ...")
+        say(quiet, "cutting calibration windows ...")
         splits = make_splits(
             tok, text, seq_len=seq_len, n_calibration=n_calibration, n_validation=0, n_test=0, seed=seed, model=m
         )
@@ -94,14 +54,14 @@ def hessian(
             granularity=granularity,
             batch_size=batch_size,
             seed=seed,
-            cache_dir=_default_cache_dir() if cache else None,
+            cache_dir=cache_dirs(cache)[0],
             progress=not quiet,
             **opts,
         )
         qubo.metadata["data"] = {k: splits.info.get(k) for k in ("source", "documents", "split_by")}
         qubo.save(output)
     except CBOError as exc:
-        _fail(exc)
+        fail(exc)
     md = qubo.metadata
     lin = qubo.linear
     order = lin.argsort()
@@ -123,15 +83,10 @@ def prune(
     top: int = typer.Option(10, "--top", "-k", help="How many low-energy states to rank."),
     validate: int = typer.Option(10, "--validate", "-v", help="How many of them to measure on validation text."),
     text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
-    estimator: str = typer.Option(
-        "singles",
-        "--estimator",
-        "-e",
-        help="singles (default) | fisher (cheapest) | hybrid | pairwise | fit | trust | exact.",
-    ),
+    estimator: str = typer.Option("singles", "--estimator", "-e", help=f"{ESTIMATOR_HELP}."),
     loss: str = typer.Option("kl", "--loss", help="kl or ce."),
-    solver: str = typer.Option("auto", "--solver", "-s", help="Solver name; see `cbo solvers`."),
-    method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (e.g. block_influence)."),
+    solver: str = typer.Option("auto", "--solver", "-s", help="A registered solver (`cbo solvers` lists them)."),
+    method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (`cbo estimators` lists them)."),
     granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
     keep: Optional[str] = typer.Option(None, "--keep", help="Blocks never removed, e.g. '0,29'."),
     n_calibration: int = typer.Option(32, help="Calibration windows."),
@@ -163,20 +118,20 @@ def prune(
 
     if width is not None or ratio is not None:
         if remove is not None:
-            _fail(
+            fail(
                 CBOError(
                     "--remove (depth) and --width (width) were both given; use `cbo compress --depth cbo "
                     "--width NAME --ratio R` to combine them."
                 )
             )
         if ratio is None:
-            _fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
+            fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
         _prune_width(model, width, ratio, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet)
         return
     remove = 8 if remove is None else remove
     try:
-        opts = _options(option)
-        _say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
+        opts = parse_options(option, "--option")
+        say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
         report = prune_depth(
             model,
             None,
@@ -189,7 +144,7 @@ def prune(
             validate=validate,
             granularity=granularity,
             method=method,
-            keep=_blocks(keep) or None,
+            keep=parse_blocks(keep) or None,
             seed=seed,
             cache_dir=cache,
             n_calibration=n_calibration,
@@ -203,7 +158,7 @@ def prune(
             report.save_model(out)
         written = _write_plots(report, plots) if plots is not None else []
     except CBOError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1))
     else:
@@ -231,7 +186,7 @@ def _write_plots(report: Any, directory: Path) -> list[Path]:
         fig = plot.plot_energy_vs_measured(
             [v.energy for v in measured], [v.kl for v in measured], chosen=chosen, path=directory / "energy_vs_kl.png"
         )
-        plot._pyplot().close(fig)
+        plot.close(fig)
         written.append(directory / "energy_vs_kl.png")
     return written
 
@@ -250,10 +205,10 @@ def _prune_width(
     quiet: bool,
 ) -> None:
     """``cbo prune --width NAME --ratio R``: one-shot width pruning with the before/after report of ``compress``."""
-    from cbo.width.compress import compress
+    from cbo.pipeline import compress
 
     try:
-        _say(quiet, f"pruning {ratio:.0%} of the parameters of {model} by width ({width or 'taylor'}) ...")
+        say(quiet, f"pruning {ratio:.0%} of the parameters of {model} by width ({width or 'taylor'}) ...")
         report = compress(
             model,
             None,
@@ -271,10 +226,28 @@ def _prune_width(
             progress=not quiet,
         )
     except CBOError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=1, default=str))
         return
     console.print(report.table())
     if out is not None:
         console.print(f"saved to {out} (load with cbo.load_pruned)")
+
+
+@app.command()
+def estimators() -> None:
+    """List the Hessian estimators (with their cost per calibration batch and losses) and the depth baselines."""
+    from rich.table import Table
+
+    from cbo.hessian import describe
+    from cbo.pipeline import DEFAULT_ESTIMATOR, depth_methods
+
+    table = Table(title="Hessian estimators (`--estimator`)")
+    for col in ("name", "cost per calibration batch", "losses", "description"):
+        table.add_column(col)
+    for name, info in describe().items():
+        label = f"{name} (default)" if name == DEFAULT_ESTIMATOR else name
+        table.add_row(label, info["cost"], info["losses"], info["description"])
+    console.print(table)
+    console.print("depth methods (`--method`): " + ", ".join(depth_methods()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -41,14 +42,18 @@ def fail(exc: Exception) -> None:
 
 
 def states_table(states: RankedStates, extra: Optional[dict[str, list]] = None, title: str = "") -> Table:
-    """A rich table of ranked states; ``extra`` adds columns (one value per state)."""
+    """A rich table of ranked states; ``extra`` adds columns (one value per state). The removed blocks are
+    listed in full (wrapped inside their cell, never cut), however many there are."""
     table = Table(title=title or None)
     for col in ("rank", "removed", "energy", "gap", "Hamming"):
-        table.add_column(col, justify="right" if col != "removed" else "left")
+        if col == "removed":
+            table.add_column(col, justify="left", overflow="fold", ratio=1, min_width=12)
+        else:
+            table.add_column(col, justify="right", no_wrap=True)
     for name in extra or {}:
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", no_wrap=True)
     for s in states:
-        row = [str(s.rank), ",".join(map(str, s.removed)), f"{s.energy:.6g}", f"{s.gap:.4g}", str(s.hamming)]
+        row = [str(s.rank), ", ".join(map(str, s.removed)), f"{s.energy:.6g}", f"{s.gap:.4g}", str(s.hamming)]
         for values in (extra or {}).values():
             v = values[s.rank] if s.rank < len(values) else None
             row.append("" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)))
@@ -59,11 +64,19 @@ def states_table(states: RankedStates, extra: Optional[dict[str, list]] = None, 
 def print_states(states: RankedStates, title: str = "") -> None:
     console.print(states_table(states, title=title))
     flag = "[green]exact (proven top-K)[/]" if states.exact else "[yellow]heuristic (not proven)[/]"
-    console.print(f"solver {states.solver}, {flag}, {states.wall_time:.3f} s")
+    console.print(f"solver {escape(states.solver)}, {flag}, {states.wall_time:.3f} s")
     if states.info.get("interrupted"):
         console.print("[yellow]interrupted: these are the best states found so far.[/]")
     if states.info.get("timed_out"):
         console.print("[yellow]time limit reached: these are the best states found so far.[/]")
+
+
+def union_blocks(qubo: BlockQUBO, stored: tuple, given: Optional[str]) -> Optional[list]:
+    """The blocks stored in the file plus those given on the command line (None when none are given)."""
+    if not given:
+        return None
+    extra = [qubo.index(b) for b in parse_blocks(given)]
+    return sorted(set(map(int, stored)) | set(extra))
 
 
 @app.command()
@@ -72,8 +85,12 @@ def solve(
     remove: int = typer.Option(..., "--remove", "-m", help="M, the number of blocks to remove."),
     top: int = typer.Option(10, "--top", "-k", help="How many ranked states to return."),
     solver: str = typer.Option("auto", "--solver", "-s", help="Solver name; see `cbo solvers`."),
-    keep: Optional[str] = typer.Option(None, help="Blocks never removed, e.g. '0,29' or names."),
-    force: Optional[str] = typer.Option(None, help="Blocks always removed."),
+    keep: Optional[str] = typer.Option(
+        None, help="Blocks never removed, e.g. '0,29' or names; added to the keep list stored in the file."
+    ),
+    force: Optional[str] = typer.Option(
+        None, help="Blocks always removed; added to the force list stored in the file."
+    ),
     seed: Optional[int] = typer.Option(None, help="Seed for randomized solvers."),
     time_limit: Optional[float] = typer.Option(None, help="Seconds; best-so-far is returned, marked inexact."),
     option: list[str] = typer.Option([], "--option", "-o", help="Solver option KEY=VALUE (JSON value)."),
@@ -81,10 +98,18 @@ def solve(
     out: Optional[Path] = typer.Option(None, help="Write the ranked states to this JSON file."),
     plot: Optional[Path] = typer.Option(None, help="Write the energy spectrum plot to this PNG."),
 ) -> None:
-    """Find the lowest-energy ways to remove M blocks."""
+    """Find the lowest-energy ways to remove M blocks.
+
+    Ctrl-C stops the solver: the best states found so far are printed (marked interrupted) and the command
+    exits with status 130.
+    """
     from cbo.solvers import solve as run_solve
 
     try:
+        if out is not None:
+            check_writable(out)
+        if plot is not None:
+            check_writable(plot)
         qubo = BlockQUBO.load(file)
         opts = {}
         for item in option:
@@ -95,6 +120,7 @@ def solve(
                 opts[k] = json.loads(v)
             except json.JSONDecodeError:
                 opts[k] = v
+        c = qubo.constraints
         states = run_solve(
             qubo,
             remove,
@@ -102,13 +128,16 @@ def solve(
             top,
             seed=seed,
             time_limit=time_limit,
-            keep=parse_blocks(keep) if keep else None,
-            force=parse_blocks(force) if force else None,
+            keep=union_blocks(qubo, c.keep, keep),
+            force=union_blocks(qubo, c.force, force),
             progress=not as_json,
             **opts,
         )
     except CBOError as exc:
         fail(exc)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted before any state was found.[/]")
+        raise typer.Exit(130) from None
     if out:
         states.save(out)
     if plot:
@@ -118,7 +147,22 @@ def solve(
     if as_json:
         typer.echo(json.dumps(states.to_json(), indent=1))
     else:
-        print_states(states, title=f"{file.name}: remove {remove} of {qubo.n}")
+        print_states(states, title=escape(f"{file.name}: remove {remove} of {qubo.n}"))
+    if states.info.get("interrupted"):
+        if as_json:
+            err_console.print("[yellow]interrupted: these are the best states found so far.[/]")
+        raise typer.Exit(130)
+
+
+def check_writable(path: Path) -> None:
+    """CBOError unless ``path`` can be written (its folder exists and is writable, and it is no folder)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CBOError(f"cannot write {path}: it is a folder; give a file name.")
+    if not folder.is_dir():
+        raise CBOError(f"cannot write {path}: the folder {folder} does not exist.")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise CBOError(f"cannot write {path}: permission denied.")
 
 
 @app.command()

@@ -76,7 +76,8 @@ def sweep(
     retry_failed: bool = typer.Option(False, help="Run again the cells that ended in an error."),
     quiet: bool = typer.Option(False, help="No progress bar or summary."),
 ) -> None:
-    """Run solvers over a grid of instances, M and seeds; finished cells are kept, so a rerun resumes."""
+    """Run solvers over a grid of instances, M and seeds; finished cells are kept, so a rerun resumes (also after
+    Ctrl-C, which stops the cell running and exits with status 130)."""
     from cbo.sweep import make_grid, results_table, run_sweep, write_table
 
     try:
@@ -100,6 +101,15 @@ def sweep(
     except CBOError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        from cbo.sweep import read_records
+
+        kept = len(read_records(out)) if out.exists() else 0
+        err_console.print(
+            f"[yellow]interrupted: the {kept} finished cells are kept in {escape(str(out))}; run the same command "
+            "again to resume.[/]"
+        )
+        raise typer.Exit(130) from None
     if quiet:
         return
     view = Table(title=f"sweep: {before} cells, results in {path}")

@@ -76,7 +76,7 @@ def compress(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
 ) -> None:
     """Compress a model by width (and optionally depth) pruning; print parameters, PPL, KL and speed."""
-    from cbo.width.compress import compress as run
+    from cbo.pipeline.compression import compress as run
 
     # the options are named as compress() names them, except --json (here), --speed and --option
     options = dict(ctx.params)

@@ -21,9 +21,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from cbo.errors import CBOError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.losses import LossFn, log_probs
+from cbo.hessian.options import check_bool
 
 
 @register
@@ -37,8 +37,7 @@ class ExactEstimator(Estimator):
         vectorize: bool = False  # all N Hessian-vector products in one batched double backward (more memory)
 
         def validate(self) -> None:
-            if not isinstance(self.vectorize, bool):
-                raise CBOError(f"exact vectorize must be True or False, got {self.vectorize!r}.")
+            check_bool(self.vectorize, "exact vectorize")
 
     def units_per_batch(self) -> int:
         return len(self.run.blocks)

@@ -27,9 +27,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from cbo.errors import CBOError
+from cbo.errors import CBOError, InvalidOptionError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.losses import ce_per_sequence, log_probs, nll_of_labels, predicted_positions
+from cbo.hessian.options import check_int
 
 
 @register
@@ -45,9 +46,8 @@ class FisherEstimator(Estimator):
 
         def validate(self) -> None:
             if self.labels not in ("sampled", "empirical"):
-                raise CBOError(f"fisher labels must be 'sampled' or 'empirical', got {self.labels!r}.")
-            if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-                raise CBOError(f"fisher samples must be an integer >= 1, got {self.samples!r}.")
+                raise InvalidOptionError(f"fisher labels must be 'sampled' or 'empirical', got {self.labels!r}.")
+            check_int(self.samples, "fisher samples", 1)
 
     def init_state(self) -> dict[str, np.ndarray]:
         n = len(self.run.blocks)

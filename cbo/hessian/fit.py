@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cbo.errors import CBOError
 from cbo.hessian.base import register
-from cbo.hessian.hybrid import CalibrationMeter, HybridEstimator, TargetedOptions, _check_int, _check_number
+from cbo.hessian.hybrid import CalibrationLosses, TargetedEstimator, TargetedOptions
+from cbo.hessian.options import check_int, check_number
 
 RIDGE_GRID = tuple(10.0**k for k in np.arange(-4.0, 2.01, 0.5))
 
@@ -73,7 +73,7 @@ def cross_validate(Z: np.ndarray, y: np.ndarray, free: int, grid: tuple[float, .
 
 
 @register
-class FitEstimator(HybridEstimator):
+class FitEstimator(TargetedEstimator):
     name = "fit"
     description = "QUBO fitted (ridge) to measured losses of sets of the target size near the hybrid solution"
     cost = "hybrid + `n_sets` removal sets of size M measured per batch"
@@ -86,9 +86,9 @@ class FitEstimator(HybridEstimator):
 
         def validate(self) -> None:
             TargetedOptions.validate(self)
-            _check_int(self.n_sets, "n_sets", 5)
+            check_int(self.n_sets, "n_sets", 5)
             if self.ridge is not None:
-                _check_number(self.ridge, "ridge")
+                check_number(self.ridge, "ridge")
 
     def sample_sets(self, H0: np.ndarray, g0: np.ndarray, D1: np.ndarray, m: int, keep: set[int]) -> list[list[int]]:
         """Low-energy states of E₀ and their 1-3 swap perturbations, ``n_sets`` distinct sets of size m."""
@@ -126,15 +126,10 @@ class FitEstimator(HybridEstimator):
     def finalize(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         H0, g0 = self.base_qubo(state)
         n = len(g0)
-        m = int(self.options.remove)
-        keep = {int(k) for k in self.options.keep}
-        bad = sorted(k for k in keep if not 0 <= k < n)
-        upper = n - len(keep) if keep else n - 1
-        if bad or m > upper:
-            raise CBOError(f"remove={m} with keep={sorted(keep)} is infeasible for {n} blocks; use 1..{upper}.")
+        m, keep = self.remove, self.keep
         D1 = self.singles(state)
         sets = self.sample_sets(H0, g0, D1, m, keep)
-        meter = CalibrationMeter(self, state)
+        meter = CalibrationLosses(self, state)
         y = meter(sets)
         X = np.zeros((len(sets), n))
         for k, s in enumerate(sets):
@@ -176,8 +171,6 @@ class FitEstimator(HybridEstimator):
                     "grid": cv["grid"],
                 },
                 "fit_best_measured": {"removed": sets[int(np.argmin(y))], "loss": float(y.min())},
-                "forward_passes": int(state["_passes"][0]),
             }
         )
-        extra["forward_equivalents"] = round(self.forward_equivalents(state), 2)
         return H, g, extra

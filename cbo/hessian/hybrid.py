@@ -29,72 +29,42 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
-from cbo.errors import CBOError
+from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.losses import log_probs, nll_of_labels
-from cbo.hessian.measure import MeasureCache, RemovalLosses
+from cbo.hessian.measure import MeasureCache, Work
+from cbo.hessian.options import check_choice, check_indices, check_int, check_number
 
 COUPLINGS = ("positive", "raw", "none")
 
 
-class CalibrationMeter:
-    """Mean calibration loss increase of removal sets over an estimator's stored batches (each set measured once).
-
-    Used by the estimators that measure more sets after the calibration pass (``fit``, ``trust``).
+class CalibrationLosses:
+    """Mean calibration loss increase of removal sets over an estimator's calibration batches, each set measured
+    once through one :class:`Measurer` (the batches' original passes kept between calls); its work counts into
+    the run and the estimator's state. Used by the estimators that measure more sets after the calibration
+    pass (``fit``, ``trust``).
     """
 
     def __init__(self, estimator: HybridEstimator, state: dict[str, np.ndarray]) -> None:
         self.est = estimator
-        self.run = estimator.run
         self.state = state
-        rows = [int(r) for r in state["batch_rows"] if r > 0]
-        tokens = torch.from_numpy(state["tokens"])
-        self.meters = []
-        start = 0
-        for r in rows:
-            batch = tokens[start : start + r].to(self.run.device)
-            self.meters.append(RemovalLosses(self.run.model, self.run.blocks, batch, cache=estimator._cache))
-            start += r
-        self.rows = rows
+        count = int(state["count"])
+        self.measurer = estimator.run.measurer(torch.from_numpy(state["tokens"][:count]), cache=estimator.cache)
         self.values: dict[tuple[int, ...], float] = {}
         self.requested = 0
 
-    @staticmethod
-    def _work(meter: Any) -> tuple[int, ...]:
-        return (meter.measured, meter.layer_calls, meter.tail_calls, meter.full_calls, meter.original_calls)
-
     def __call__(self, sets: Sequence[Sequence[int]]) -> np.ndarray:
         """Mean calibration loss increase of each removal set (block indices)."""
-        keys = [tuple(sorted(int(i) for i in s)) for s in sets]
+        keys = self.measurer.check_sets(sets)
         todo = [k for k in dict.fromkeys(keys) if k not in self.values]
         if todo:
-            total = np.zeros(len(todo))
-            base = 0.0
-            for meter in self.meters:
-                before = self._work(meter)
-                values = meter.losses(todo)
-                for k, v in enumerate(values):
-                    total[k] += float(v[self.run.loss].double().sum())
-                if self.run.loss == "ce":
-                    base += float(meter.base["ce"].double().sum())
-                measured, layers, tails, full, original = (a - b for a, b in zip(self._work(meter), before))
-                self.state["work"] += np.array([len(todo), measured, layers, tails + full, original])
-                self.state["_passes"][0] += original + full
-            count = float(sum(self.rows))
-            for k, key in enumerate(todo):
-                self.values[key] = (total[k] - base) / count
+            before = self.measurer.work
+            increase = self.measurer.losses(todo).increase(self.est.run.loss)
+            self.est.count_work(self.state, self.measurer.work - before, len(todo))
+            for key, value in zip(todo, increase):
+                self.values[key] = float(value)
         self.requested += len(keys)
         return np.array([self.values[k] for k in keys])
-
-
-def _check_number(value: Any, label: str, minimum: float = 0.0) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < minimum:
-        raise CBOError(f"{label} must be a finite number >= {minimum}, got {value!r}.")
-
-
-def _check_int(value: Any, label: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise CBOError(f"{label} must be an integer >= {minimum}, got {value!r}.")
 
 
 def gram_couplings(D: np.ndarray, F: np.ndarray, mode: str, scale: float) -> np.ndarray:
@@ -121,6 +91,7 @@ def gram_couplings(D: np.ndarray, F: np.ndarray, mode: str, scale: float) -> np.
 @register
 class HybridEstimator(Estimator):
     name = "hybrid"
+    measures = True
     description = "measured single-block removal losses (diagonal) + Fisher-correlation couplings, Gram model"
     cost = "1 forward + 1 backward + N single removals per batch (prefix-shared, about N/2 forward passes)"
 
@@ -132,17 +103,18 @@ class HybridEstimator(Estimator):
         measure_cache: str | None = None  # folder for measured losses shared between runs
 
         def validate(self) -> None:
-            if self.couplings not in COUPLINGS:
-                raise CBOError(f"couplings must be one of {list(COUPLINGS)}, got {self.couplings!r}.")
-            _check_number(self.coupling_scale, "coupling_scale")
-            _check_int(self.samples, "samples", 1)
+            check_choice(self.couplings, "couplings", COUPLINGS)
+            check_number(self.coupling_scale, "coupling_scale")
+            check_int(self.samples, "samples", 1)
             if self.measure_cache is not None and not isinstance(self.measure_cache, str):
-                raise CBOError(f"measure_cache must be a folder path (str) or None, got {self.measure_cache!r}.")
+                raise InvalidOptionError(
+                    f"measure_cache must be a folder path (str) or None, got {self.measure_cache!r}."
+                )
 
     # ------------------------------------------------------------------ lifecycle
     def __init__(self, run: Any, options: Any) -> None:
         super().__init__(run, options)
-        self._cache = (
+        self.cache = (
             MeasureCache(options.measure_cache, run.model, run.blocks) if options.measure_cache is not None else None
         )
 
@@ -173,23 +145,22 @@ class HybridEstimator(Estimator):
         if self.uses_fisher():
             self._fisher(state, batch_index, tokens)
         n = len(run.blocks)
-        meter = RemovalLosses(run.model, run.blocks, tokens, cache=self._cache)
-        values = meter.losses([(i,) for i in range(n)])
-        base = meter.base
-        for i, v in enumerate(values):
-            run.check_finite(v["kl"], batch_index, f"loss with block {i} removed")
-            state["single_kl"][i] += float(v["kl"].double().sum())
-            state["single_ce"][i] += float(v["ce"].double().sum())
-        state["base_ce"] += float(base["ce"].double().sum())
+        measurer = run.measurer(tokens, cache=self.cache)
+        out = measurer.losses([(i,) for i in range(n)])
+        for i in range(n):
+            run.check_finite(torch.from_numpy(out.kl[i]), batch_index, f"loss with block {i} removed")
+        state["single_kl"] += out.kl.sum(axis=1)
+        state["single_ce"] += out.ce.sum(axis=1)
+        state["base_ce"] += float(out.base_ce.sum())
         state["count"] += tokens.shape[0]
-        self._count_work(state, meter, n)
+        self.count_work(state, measurer.work, n)
         tick()
 
-    def _count_work(self, state: dict[str, np.ndarray], meter: RemovalLosses, requested: int) -> None:
-        state["work"] += np.array(
-            [requested, meter.measured, meter.layer_calls, meter.tail_calls + meter.full_calls, meter.original_calls]
-        )
-        self.run.passes["forward"] += meter.original_calls + meter.full_calls
+    def count_work(self, state: dict[str, np.ndarray], work: Work, requested: int) -> None:
+        """Add a measurer's work to the run and to the state's counters (which the metadata reports)."""
+        counts = [requested, work.sets, work.layer_calls, work.head_runs + work.full_passes, work.original_passes]
+        state["work"] += np.array(counts, dtype=np.float64)
+        self.run.count_measured(work)
 
     def _fisher(self, state: dict[str, np.ndarray], batch_index: int, tokens: torch.Tensor) -> None:
         """Per-sequence gate gradients with labels sampled from the original model (as ``fisher``)."""
@@ -245,19 +216,7 @@ class HybridEstimator(Estimator):
             "set_evaluations_measured": int(work[1]),
             "layer_calls": int(work[2]),
             "head_runs": int(work[3]),
-            "forward_equivalents": round(self.forward_equivalents(state), 2),
         }
-
-    def forward_equivalents(self, state: dict[str, np.ndarray]) -> float:
-        """Full passes + the measured removals' layer calls and head runs, weighted by their parameter counts."""
-        blocks = self.run.blocks
-        layer_params = float(np.mean([b.n_params for b in blocks])) or 1.0
-        head = self.run.model.get_output_embeddings() if hasattr(self.run.model, "get_output_embeddings") else None
-        head_params = float(head.weight.numel()) if head is not None and hasattr(head, "weight") else layer_params
-        head_w = head_params / layer_params
-        full = float(np.asarray(state.get("_passes", np.zeros(2)))[0])
-        work = state["work"]
-        return full + (float(work[2]) + head_w * float(work[3])) / (len(blocks) + head_w)
 
     def finalize(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         H, g = self.base_qubo(state)
@@ -281,8 +240,30 @@ class TargetedOptions(HybridEstimator.Options):
     def validate(self) -> None:
         HybridEstimator.Options.validate(self)
         if self.remove is None:
-            raise CBOError(f"estimator '{self.estimator}' needs remove=M (the number of blocks to remove).")
-        _check_int(self.remove, "remove", 1)
-        _check_number(self.screen, "screen")
-        if not isinstance(self.keep, (tuple, list)) or not all(isinstance(k, int) for k in self.keep):
-            raise CBOError(f"keep must be a list of block indices, got {self.keep!r}.")
+            raise InvalidOptionError(f"estimator '{self.estimator}' needs remove=M (the number of blocks to remove).")
+        check_int(self.remove, "remove", 1)
+        check_number(self.screen, "screen")
+        check_indices(self.keep, "keep")
+
+    def target(self, n: int) -> tuple[int, set[int]]:
+        """(M, the kept blocks) checked against ``n`` blocks: InfeasibleError when no such removal exists."""
+        m = int(self.remove)
+        keep = {int(k) for k in self.keep}
+        bad = sorted(k for k in keep if not 0 <= k < n)
+        if bad:
+            raise InfeasibleError(f"keep indices {bad} are out of range 0..{n - 1}.")
+        upper = n - len(keep) if keep else n - 1
+        if m > upper:
+            raise InfeasibleError(f"remove={m} is out of range for {n} blocks with {len(keep)} kept; use 1..{upper}.")
+        return m, keep
+
+
+class TargetedEstimator(HybridEstimator):
+    """Base of the estimators that refine the ``hybrid`` QUBO for one target M (``fit``, ``trust``): the
+    pipeline passes them its ``remove`` and ``keep``, and they are checked before any pass runs."""
+
+    target_options = ("remove", "keep")
+
+    def __init__(self, run: Any, options: Any) -> None:
+        super().__init__(run, options)
+        self.remove, self.keep = options.target(len(run.blocks))

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from cbo.errors import CBOError
+from cbo.errors import CBOError, InvalidOptionError
 
 LOSSES = ("kl", "ce")
 
 
 def check_loss(loss: str) -> str:
     if loss not in LOSSES:
-        raise CBOError(f"unknown loss {loss!r}; valid: {list(LOSSES)} (kl = KL to the original, ce = cross-entropy).")
+        raise InvalidOptionError(
+            f"unknown loss {loss!r}; valid: {list(LOSSES)} (kl = KL to the original, ce = cross-entropy)."
+        )
     return loss
 
 
@@ -75,9 +77,3 @@ class LossFn:
                 raise CBOError("the KL loss needs the original model's log-probabilities (teacher) for this batch.")
             return kl_per_sequence(logits, self.teacher)
         return ce_per_sequence(logits, self.tokens)
-
-
-def model_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits of a causal LM for (B, T) token windows (no KV cache, no padding)."""
-    out = model(input_ids=tokens, use_cache=False)
-    return out.logits if hasattr(out, "logits") else out[0]

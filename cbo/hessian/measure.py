@@ -1,283 +1,267 @@
 """The one measurer: losses of a model with sets of blocks removed (estimators, baselines, validation, search).
 
-``RemovalLosses(model, blocks, tokens)`` runs the original model once on a batch of windows and keeps the
-teacher log-probabilities, the residual stream entering every decoder layer, and the keyword arguments each
-layer was called with (masks, positions, rotary tables: they depend on the positions only, not on the hidden
-states). ``losses(sets)`` then measures many removal sets through a prefix tree: sorted by their removed
-layers, sets that share their first removed layers share the stream computed up to their first difference,
-and a set is only run from there on. Removing layer q means the stream entering q passes to q + 1 unchanged,
-which is exactly what deleting the layer does; the final norm and head run on the last stream through the
-model's own forward with the decoder layers swapped for a one-module list that hands back that stream. The
-values equal those of the surgically pruned model up to floating-point rounding; a set of deep layers costs a
-fraction of a forward pass.
+:class:`Measurer` holds a model, its block list and token windows; ``losses(sets)`` returns, for every removal
+set, the per-sequence KL to the original model, the next-token cross-entropy and the next-token agreement with
+the original, equal to those of the surgically pruned model up to rounding, without copying or editing the
+model. Batches go through the prefix tree of :mod:`cbo.hessian.replay` (sets that share their first removed
+blocks share the computation up to their first difference; layers and attention/MLP halves alike), and a
+:class:`~cbo.hessian.measure_cache.MeasureCache` on disk keeps every measured value, so a rerun or an
+interrupted job measures only what is new.
 
-Sublayer blocks, and models whose layers cannot be replayed this way (checked on every batch against the
-original logits), fall back to one full gated forward pass per set.
+Work is counted in forward-pass equivalents (:class:`Work`): decoder-layer calls, head runs and full passes,
+each weighted by the parameters it runs, relative to one full forward of the model over the measurer's
+windows (or over ``unit_windows`` windows). Measuring a set of deep layers costs a fraction of one.
+
+Example:
+    >>> m = Measurer(model, find_blocks(model), splits.validation)      # doctest: +SKIP
+    >>> out = m.losses([(3, 7), (20, 21)], windows=8)                   # doctest: +SKIP
+    >>> out.mean("kl"), m.work.forward_equivalents                      # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
+import dataclasses
+import math
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from cbo.hessian.gates import Gates
-from cbo.hessian.losses import ce_per_sequence, log_probs, model_logits
+from cbo.errors import DataError, InvalidOptionError, ModelError
+from cbo.forward import input_device
+from cbo.hessian.measure_cache import MeasureCache
+from cbo.hessian.replay import KIND_MASK, WHOLE, RemovalLosses, parameter_count, removal_events
+from cbo.progress import progress_bar
 
-LOSS_NAMES = ("kl", "ce")
-
-
-class _Inject(torch.nn.Module):
-    """Stands in for the whole decoder-layer list: returns a given stream in the last layer's output format."""
-
-    def __init__(self, state: torch.Tensor, rest: tuple | None) -> None:
-        super().__init__()
-        self.state = state
-        self.rest = rest
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.state if self.rest is None else (self.state, *self.rest)
+METRICS = ("kl", "ce", "agreement")
 
 
-def _first_tensor(output: Any) -> tuple[torch.Tensor, tuple | None]:
-    if isinstance(output, torch.Tensor):
-        return output, None
-    return output[0], tuple(output[1:])
-
-
-class RemovalLosses:
-    """Per-sequence losses (KL to the original, cross-entropy) of one batch with sets of blocks removed.
-
-    Args:
-        model: the causal LM (eval mode; gates of an estimator may be attached at 1).
-        blocks: the block list (``cbo.blocks.find_blocks``); removal sets index into it.
-        tokens: (B, T) token windows of one batch.
-        prefix: use the prefix tree (layer blocks only); False forces one full gated pass per set.
+@dataclass(frozen=True)
+class Work:
+    """Work done by a measurer: counts of calls, and all of it in forward-pass equivalents.
 
     Attributes:
-        base: ``{"kl": zeros, "ce": (B,)}`` losses of the original model.
-        layer_calls / tail_calls / full_calls: work done (decoder-layer calls, head runs, full gated passes).
+        sets: set measurements computed, one per set and batch; ``cached``: those found in the cache instead.
+        layer_calls: decoder-layer calls (each on one batch); ``head_runs``: runs of the final norm and head.
+        full_passes: full gated forward passes (for models that cannot be replayed).
+        original_passes: passes of the original model (teacher and recorded streams), at most one per batch.
+        forward_equivalents: everything above, relative to one full forward over the unit windows.
+    """
+
+    sets: int = 0
+    cached: int = 0
+    layer_calls: int = 0
+    head_runs: int = 0
+    full_passes: int = 0
+    original_passes: int = 0
+    forward_equivalents: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def __sub__(self, other: Work) -> Work:
+        return Work(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["forward_equivalents"] = round(self.forward_equivalents, 4)
+        return out
+
+
+def batch_work(meter: RemovalLosses, rows: int, unit_windows: int) -> Work:
+    """The counters of one batch's engine as Work, its cost scaled from that batch to the unit windows."""
+    return Work(
+        meter.measured,
+        meter.cached,
+        meter.layer_calls,
+        meter.tail_calls,
+        meter.full_calls,
+        meter.original_calls,
+        meter.cost * rows / unit_windows,
+    )
+
+
+@dataclass
+class SetLosses:
+    """Per-sequence losses of removal sets on the first ``n`` windows of a measurer.
+
+    Attributes:
+        sets: the removal sets (sorted block indices), in the order asked.
+        kl: (n_sets, n) mean KL(original ‖ pruned) over each window's positions, in nats.
+        ce: (n_sets, n) mean next-token cross-entropy over each window's T − 1 predictions.
+        agreement: (n_sets, n) fraction of each window's positions whose most likely next token is the original's.
+        base_ce: (n,) the original model's cross-entropy per window.
+        seq_len: tokens per window.
+    """
+
+    sets: list[tuple[int, ...]]
+    kl: np.ndarray
+    ce: np.ndarray
+    agreement: np.ndarray
+    base_ce: np.ndarray
+    seq_len: int
+
+    def mean(self, metric: str) -> np.ndarray:
+        """(n_sets,) mean over the windows of ``"kl"``, ``"ce"`` or ``"agreement"``."""
+        if metric not in METRICS:
+            raise InvalidOptionError(f"unknown metric {metric!r}; valid: {list(METRICS)}.")
+        return getattr(self, metric).mean(axis=1)
+
+    def increase(self, loss: str) -> np.ndarray:
+        """(n_sets,) mean loss increase over the original: the KL itself, or the cross-entropy minus the base."""
+        if loss == "kl":
+            return self.mean("kl")
+        if loss == "ce":
+            return self.mean("ce") - float(self.base_ce.mean())
+        raise InvalidOptionError(f"unknown loss {loss!r}; valid: ['kl', 'ce'].")
+
+    def metrics(self, k: int) -> dict[str, Any]:
+        """What :func:`cbo.evaluate.evaluate` reports for set ``k`` (without ``n_params``): ppl, nll, kl, agreement,
+        n_tokens, over all the windows' predictions."""
+        return summary(float(self.ce[k].mean()), float(self.kl[k].mean()), float(self.agreement[k].mean()), self)
+
+    def base_metrics(self) -> dict[str, Any]:
+        """The same for the original model (KL 0 and agreement 1 by definition)."""
+        return summary(float(self.base_ce.mean()), 0.0, 1.0, self)
+
+
+def summary(nll: float, kl: float, agreement: float, losses: SetLosses) -> dict[str, Any]:
+    return {
+        "ppl": math.exp(nll) if nll < 700 else math.inf,
+        "nll": nll,
+        "kl": kl,
+        "agreement": agreement,
+        "n_tokens": int(losses.base_ce.shape[0] * (losses.seq_len - 1)),
+    }
+
+
+class Measurer:
+    """Losses of a model with sets of blocks removed, on token windows, through shared recorded streams.
+
+    Args:
+        model: the causal LM (any device; eval mode is the caller's).
+        blocks: the block list (``cbo.blocks.find_blocks(model, granularity)`` or any list of its blocks);
+            removal sets are indices into it.
+        windows: (B, T) int64 token windows.
+        batch_size: windows per batch; a batch is the unit of the original pass and of the cache.
+        cache: a :class:`MeasureCache` of this model and block list (or None).
+        prefix: share streams through the prefix tree (False: one full gated pass per set and batch).
+        retain: keep each batch's original pass (teacher, streams) for later calls; False frees it once the
+            call that needed it returns (one-shot validation: the least memory).
+        unit_windows: the number of windows one forward-pass equivalent stands for (default: all of these).
+        progress: show a progress bar over the batches of each call.
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
         blocks: Sequence[Any],
-        tokens: torch.Tensor,
+        windows: Any,
         *,
-        prefix: bool = True,
+        batch_size: int = 8,
         cache: MeasureCache | None = None,
-    ):
+        prefix: bool = True,
+        retain: bool = True,
+        unit_windows: int | None = None,
+        progress: bool = False,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.shape[0] == 0:
+            shape = tuple(windows.shape) if isinstance(windows, torch.Tensor) else type(windows).__name__
+            raise DataError(f"windows must be a non-empty (B, T) tensor of token ids, got {shape}.")
         self.model = model
         self.blocks = list(blocks)
-        self.tokens = tokens
+        if not self.blocks:
+            raise ModelError("the block list is empty; pass cbo.blocks.find_blocks(model, granularity).")
+        self.windows = windows.to(torch.int64)
+        self.batch_size = batch_size
+        self.cache = cache
         self.prefix = prefix
-        self.cache = cache.batch(tokens) if cache is not None else None
-        self.layer_calls = 0
-        self.tail_calls = 0
-        self.full_calls = 0
-        self.original_calls = 0
-        self.measured = 0  # sets measured (not found in the cache)
-        self._ready = False
-
-    def _prepare(self) -> None:
-        """The original pass (teacher, streams, call arguments); run on the first set not found in the cache."""
-        from cbo.blocks import decoder_layers
-
-        if self._ready:
-            return
-        self._ready = True
-        model, tokens, prefix = self.model, self.tokens, self.prefix
-        self.original_calls += 1
-        layers, path = decoder_layers(model)
-        self.layers = layers
-        self.n_layers = len(layers)
-        parent_path, _, self._attr = path.rpartition(".")
-        self._parent = model.get_submodule(parent_path) if parent_path else model
-        self._layer_of_block = [b.layer for b in self.blocks]
-        self.replay = (
-            prefix
-            and all(b.kind == "layer" for b in self.blocks)
-            and len(set(self._layer_of_block)) == len(self.blocks)
-        )
-        self.states: list[torch.Tensor] = []
-        self.calls: list[tuple[tuple, dict]] = []
-        self._rest: tuple | None = None
-        with torch.no_grad():
-            logits = self._record() if self.replay else model_logits(model, tokens)
-            teacher = log_probs(logits)
-            # KL(p || q) = Σ p log p − Σ p z + logsumexp(z) for student logits z: the teacher enters through p and
-            # its negative entropy only, so each set costs one logsumexp and one dot product over the vocabulary
-            self._p = teacher.exp()
-            self._neg_entropy = (self._p * teacher).sum(-1)
-            del teacher
-            self._base = {"kl": torch.zeros(tokens.shape[0]), "ce": ce_per_sequence(logits, tokens).float().cpu()}
-            if self.replay and not self._replay_matches(logits):
-                self.replay = False
-            del logits
-
-    # ------------------------------------------------------------------ recording and replay
-    def _record(self) -> torch.Tensor:
-        """Original forward pass that records each layer's input stream, call arguments and the last output."""
-        states: dict[int, torch.Tensor] = {}
-        calls: dict[int, tuple[tuple, dict]] = {}
-        handles = []
-
-        def pre(k: int):
-            def hook(module: Any, args: tuple, kwargs: dict) -> None:
-                h = args[0] if args else kwargs.get("hidden_states")
-                states[k] = h
-                rest = {key: v for key, v in kwargs.items() if key != "hidden_states"}
-                calls[k] = (tuple(args[1:]), rest)
-
-            return hook
-
-        def post(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
-            out, rest = _first_tensor(output)
-            states[self.n_layers] = out
-            self._rest = rest
-
-        try:
-            for k, layer in enumerate(self.layers):
-                handles.append(layer.register_forward_pre_hook(pre(k), with_kwargs=True))
-            handles.append(self.layers[-1].register_forward_hook(post, with_kwargs=True))
-            logits = model_logits(self.model, self.tokens)
-        finally:
-            for h in handles:
-                h.remove()
-        if len(states) != self.n_layers + 1 or not all(isinstance(s, torch.Tensor) for s in states.values()):
-            self.replay = False
-            return logits
-        self.states = [states[k] for k in range(self.n_layers + 1)]
-        self.calls = [calls[k] for k in range(self.n_layers)]
-        return logits
-
-    def _layer(self, k: int, h: torch.Tensor) -> torch.Tensor:
-        args, kwargs = self.calls[k]
-        self.layer_calls += 1
-        return _first_tensor(self.layers[k](h, *args, **kwargs))[0]
-
-    def _tail(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits of the model whose last decoder layer outputs ``h`` (final norm and head only)."""
-        original = getattr(self._parent, self._attr)
-        setattr(self._parent, self._attr, torch.nn.ModuleList([_Inject(h, self._rest)]))
-        try:
-            self.tail_calls += 1
-            return model_logits(self.model, self.tokens)
-        finally:
-            setattr(self._parent, self._attr, original)
-
-    def _replay_matches(self, logits: torch.Tensor) -> bool:
-        """The replayed last layer and the injected head reproduce the original logits."""
-        try:
-            out = self._layer(self.n_layers - 1, self.states[self.n_layers - 1])
-            again = self._tail(out)
-        except Exception:  # noqa: BLE001 - any failure means this model cannot be replayed; use full passes
-            return False
-        self.layer_calls -= 1
-        self.tail_calls -= 1
-        scale = float(logits.abs().max()) + 1.0
-        return again.shape == logits.shape and float((again - logits).abs().max()) <= 1e-4 * scale
-
-    # ------------------------------------------------------------------ losses
-    def _losses_of(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        z = logits.to(self._p.dtype)
-        lse = torch.logsumexp(z, dim=-1)
-        pz = torch.einsum("btv,btv->bt", self._p, z)
-        kl = (self._neg_entropy - pz + lse).clamp_min(0.0).mean(-1)
-        target = self.tokens[:, 1:].to(z.device).unsqueeze(-1)
-        ce = (lse[:, :-1] - z[:, :-1].gather(-1, target).squeeze(-1)).mean(-1)
-        return {"kl": kl.float().cpu(), "ce": ce.float().cpu()}
-
-    def _full(self, removed: Sequence[int]) -> dict[str, torch.Tensor]:
-        with Gates(self.model, self.blocks, requires_grad=False) as gates:
-            gates.set(removed=removed)
-            self.full_calls += 1
-            return self._losses_of(model_logits(self.model, self.tokens))
+        self.retain = retain
+        self.unit_windows = int(unit_windows or windows.shape[0])
+        self.progress = progress
+        self._meters: dict[tuple[int, int], RemovalLosses] = {}
+        self._work = Work()
 
     @property
-    def base(self) -> dict[str, torch.Tensor]:
-        """Losses of the original model (KL is 0)."""
-        if self.cache is not None and () in self.cache:
-            return self.cache[()]
-        self._prepare()
-        if self.cache is not None:
-            self.cache.update({(): self._base})
-        return {k: v.clone() for k, v in self._base.items()}
+    def n_windows(self) -> int:
+        return int(self.windows.shape[0])
 
-    def losses(self, sets: Iterable[Iterable[int]]) -> list[dict[str, torch.Tensor]]:
-        """``[{"kl": (B,), "ce": (B,)}]`` per-sequence losses of each removal set (block indices), in order."""
-        keys = [tuple(sorted({int(i) for i in s})) for s in sets]
-        for key in keys:
-            bad = [i for i in key if not 0 <= i < len(self.blocks)]
-            if bad:
-                raise IndexError(f"block indices {bad} are out of range 0..{len(self.blocks) - 1}")
-        out: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}
-        if self.cache is not None:
-            for key in keys:
-                if key in self.cache:
-                    out[key] = self.cache[key]
-        missing = [k for k in dict.fromkeys(keys) if k not in out]
-        if missing:
-            self._prepare()
-        with torch.no_grad():
-            todo = []
-            for key in missing:
-                self.measured += 1
-                if not key:
-                    out[key] = {k: v.clone() for k, v in self._base.items()}
-                elif self.replay:
-                    todo.append(tuple(sorted(self._layer_of_block[i] for i in key)))
-                else:
-                    out[key] = self._full(key)
-            if todo:
-                by_layers = self._tree(todo)
-                block_of_layer = {layer: i for i, layer in enumerate(self._layer_of_block)}
-                for layers_key, value in by_layers.items():
-                    out[tuple(sorted(block_of_layer[q] for q in layers_key))] = value
-        if self.cache is not None and missing:
-            self.cache.update({k: out[k] for k in missing})
-        return [out[k] for k in keys]
+    @property
+    def work(self) -> Work:
+        """Everything measured so far (cumulative)."""
+        return self._work
 
-    def _tree(self, sets: list[tuple[int, ...]]) -> dict[tuple[int, ...], dict[str, torch.Tensor]]:
-        """Measure layer-removal sets through a prefix tree (depth first, one stream per tree level)."""
-        trie: dict[tuple[int, ...], set[int]] = {}
-        wanted = set(sets)
+    def check_sets(self, sets: Iterable[Iterable[int]]) -> list[tuple[int, ...]]:
+        """The sets as sorted tuples of block indices; ModelError naming a set with an index out of range."""
+        n = len(self.blocks)
+        keys = []
         for s in sets:
-            for d in range(len(s)):
-                trie.setdefault(s[:d], set()).add(s[d])
-        results: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}
-        n = self.n_layers
+            try:
+                key = tuple(sorted({int(i) for i in s}))
+            except (TypeError, ValueError) as exc:
+                raise ModelError(f"a removal set is a list of block indices, got {s!r}.") from exc
+            bad = [i for i in key if not 0 <= i < n]
+            if bad:
+                raise ModelError(f"removal set {list(key)}: block indices {bad} are out of range 0..{n - 1}.")
+            keys.append(key)
+        return keys
 
-        def visit(prefix: tuple[int, ...], stream: dict[int, torch.Tensor]) -> None:
-            # ``stream[L]``: the state entering layer L with ``prefix`` removed (L = n: the last layer's output)
-            for q in sorted(trie.get(prefix, ())):
-                node = prefix + (q,)
-                children = trie.get(node, set())
-                end = n if node in wanted else max(children)
-                child: dict[int, torch.Tensor] = {}
-                h, layer = stream[q], q + 1  # layer q is removed: its input enters layer q + 1 unchanged
-                while True:
-                    if layer in children:
-                        child[layer] = h
-                    if layer == end:
-                        break
-                    h = self._layer(layer, h)
-                    layer += 1
-                if node in wanted:
-                    results[node] = self._losses_of(self._tail(h))
-                del h
-                if children:
-                    visit(node, child)
-                del child
+    def losses(self, sets: Iterable[Iterable[int]], windows: int | None = None) -> SetLosses:
+        """Per-sequence KL, cross-entropy and agreement of each removal set on the first ``windows`` windows.
 
-        root = {k: s for k, s in enumerate(self.states)}
-        visit((), root)
-        return results
+        Calls with a window count that is a multiple of ``batch_size`` reuse each other's batches (and, with
+        ``retain``, their original passes); the empty set gives the original model's values.
+        """
+        keys = self.check_sets(sets)
+        n = self.n_windows if windows is None else windows
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.n_windows:
+            raise InvalidOptionError(f"windows must be an integer in 1..{self.n_windows}, got {windows!r}.")
+        values = {m: np.zeros((len(keys), n)) for m in ("kl", "ce", "agree")}
+        base_ce = np.zeros(n)
+        device = input_device(self.model)
+        spans = [(s, min(s + self.batch_size, n)) for s in range(0, n, self.batch_size)]
+        bar = progress_bar(self.progress and bool(keys), total=len(spans), desc="measuring")
+        try:
+            for start, stop in spans:
+                meter = self._meters.get((start, stop))
+                if meter is None:
+                    batch = self.windows[start:stop].to(device)
+                    meter = RemovalLosses(self.model, self.blocks, batch, prefix=self.prefix, cache=self.cache)
+                before = batch_work(meter, stop - start, self.unit_windows)
+                for k, value in enumerate(meter.losses(keys)):
+                    for m in values:
+                        values[m][k, start:stop] = value[m].numpy()
+                base_ce[start:stop] = meter.base["ce"].numpy()
+                self._work = self._work + (batch_work(meter, stop - start, self.unit_windows) - before)
+                if self.retain:
+                    self._meters[(start, stop)] = meter
+                if bar is not None:
+                    bar.update()
+        finally:
+            if bar is not None:
+                bar.close()
+        return SetLosses(keys, values["kl"], values["ce"], values["agree"], base_ce, int(self.windows.shape[1]))
+
+    def pruned_parameters(self, removed: Iterable[int]) -> int:
+        """Parameters of the model with ``removed`` gone (what ``count_parameters`` of the pruned model gives)."""
+        from cbo.blocks import decoder_layers
+
+        (key,) = self.check_sets([removed])
+        layers = decoder_layers(self.model)[0]
+        gone = 0
+        for layer, mask in removal_events(self.blocks, key):
+            if mask == WHOLE:
+                gone += parameter_count(layers[layer])
+            else:
+                gone += sum(b.n_params for b in self.blocks if b.layer == layer and KIND_MASK[b.kind] == mask)
+        return parameter_count(self.model) - gone
+
+    def release(self) -> None:
+        """Free the retained original passes (later calls run them again)."""
+        self._meters.clear()
 
 
 def measure_sets(
@@ -289,102 +273,30 @@ def measure_sets(
     batch_size: int = 8,
     prefix: bool = True,
     cache: MeasureCache | None = None,
-) -> dict[str, np.ndarray]:
-    """Per-sequence losses of every removal set over all windows.
+) -> dict[str, Any]:
+    """Per-sequence losses of every removal set over all windows (a one-shot :class:`Measurer`).
 
     Returns:
-        ``{"kl": (n_sets, B), "ce": (n_sets, B), "base_ce": (B,)}`` and the work done: ``layer_calls``,
+        ``{"kl", "ce", "agree": (n_sets, B), "base_ce": (B,)}`` and the work done: ``layer_calls``,
         ``tail_calls`` (head runs), ``full_calls`` (full gated passes), ``original_calls`` (original passes, at
-        most one per batch), ``measured`` (set-batch measurements not found in the cache).
+        most one per batch), ``measured`` (set-batch measurements not found in the cache) and
+        ``forward_equivalents`` (relative to one forward over all the windows).
     """
-    sets = [tuple(s) for s in sets]
-    kl = np.zeros((len(sets), windows.shape[0]))
-    ce = np.zeros((len(sets), windows.shape[0]))
-    base_ce = np.zeros(windows.shape[0])
-    counts = {"layer_calls": 0, "tail_calls": 0, "full_calls": 0, "original_calls": 0, "measured": 0}
-    device = next(model.parameters()).device
-    for start in range(0, windows.shape[0], batch_size):
-        batch = windows[start : start + batch_size].to(device)
-        rl = RemovalLosses(model, blocks, batch, prefix=prefix, cache=cache)
-        for k, value in enumerate(rl.losses(sets)):
-            kl[k, start : start + batch.shape[0]] = value["kl"].numpy()
-            ce[k, start : start + batch.shape[0]] = value["ce"].numpy()
-        base_ce[start : start + batch.shape[0]] = rl.base["ce"].numpy()
-        for key in counts:
-            counts[key] += getattr(rl, key)
-        del rl
-    return {"kl": kl, "ce": ce, "base_ce": base_ce, **counts}
+    measurer = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, prefix=prefix, retain=False)
+    out = measurer.losses(sets)
+    w = measurer.work
+    return {
+        "kl": out.kl,
+        "ce": out.ce,
+        "agree": out.agreement,
+        "base_ce": out.base_ce,
+        "layer_calls": w.layer_calls,
+        "tail_calls": w.head_runs,
+        "full_calls": w.full_passes,
+        "original_calls": w.original_passes,
+        "measured": w.sets,
+        "forward_equivalents": w.forward_equivalents,
+    }
 
 
-class MeasureCache:
-    """Measured per-sequence losses on disk, one file per (model, blocks, batch of windows).
-
-    Estimators and benchmarks that measure the same sets on the same batches share the work. Each file maps
-    a removal set to its per-sequence KL and cross-entropy.
-
-    Args:
-        directory: the folder (created if needed).
-        model: the model (its fingerprint and the block names are part of every file's key).
-        blocks: the block list.
-    """
-
-    def __init__(self, directory: str | Path, model: torch.nn.Module, blocks: Sequence[Any]) -> None:
-        from cbo.hessian.checkpoint import ensure_writable_dir
-        from cbo.hessian.fingerprint import model_fingerprint
-
-        self.dir = ensure_writable_dir(directory, "measurement cache")
-        self.prefix = hashlib.sha256(
-            json.dumps([model_fingerprint(model), [b.name for b in blocks]]).encode()
-        ).hexdigest()[:16]
-
-    def batch(self, tokens: torch.Tensor) -> BatchCache:
-        from cbo.hessian.base import tokens_hash
-
-        return BatchCache(self.dir / f"removal-{self.prefix}-{tokens_hash(tokens.cpu())[:16]}.npz")
-
-
-class BatchCache:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data: dict[tuple[int, ...], dict[str, torch.Tensor]] = self._read()
-
-    def _read(self) -> dict[tuple[int, ...], dict[str, torch.Tensor]]:
-        if not self.path.exists():
-            return {}
-        try:
-            with np.load(self.path, allow_pickle=False) as z:
-                sets = json.loads(bytes(z["sets"]).decode())
-                kl, ce = z["kl"], z["ce"]
-        except (OSError, ValueError, KeyError, json.JSONDecodeError):
-            return {}
-        return {
-            tuple(s): {"kl": torch.from_numpy(kl[k].copy()), "ce": torch.from_numpy(ce[k].copy())}
-            for k, s in enumerate(sets)
-        }
-
-    def __contains__(self, key: tuple[int, ...]) -> bool:
-        return key in self.data
-
-    def __getitem__(self, key: tuple[int, ...]) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.data[key].items()}
-
-    def update(self, values: dict[tuple[int, ...], dict[str, torch.Tensor]]) -> None:
-        import io
-
-        from cbo.hessian.checkpoint import atomic_write_bytes
-
-        # merge with what other runs wrote since this file was read
-        self.data = {**self._read(), **self.data}
-        self.data.update({k: {n: t.detach().float().cpu() for n, t in v.items()} for k, v in values.items()})
-        sets = list(self.data)
-        buf = io.BytesIO()
-        np.savez(
-            buf,
-            sets=np.frombuffer(json.dumps([list(s) for s in sets]).encode(), dtype=np.uint8),
-            kl=np.stack([self.data[s]["kl"].numpy() for s in sets]),
-            ce=np.stack([self.data[s]["ce"].numpy() for s in sets]),
-        )
-        try:
-            atomic_write_bytes(self.path, buf.getvalue())
-        except OSError:
-            pass  # a cache that cannot be written only costs time
+__all__ = ["MeasureCache", "Measurer", "RemovalLosses", "SetLosses", "Work", "measure_sets"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo.errors import CBOError
+from cbo.errors import InvalidOptionError
 from cbo.hessian.base import register
 from cbo.hessian.hybrid import HybridEstimator
 
@@ -37,7 +37,7 @@ class SinglesEstimator(HybridEstimator):
         def validate(self) -> None:
             HybridEstimator.Options.validate(self)
             if self.couplings != "none":
-                raise CBOError(
+                raise InvalidOptionError(
                     f"estimator 'singles' has no couplings (got couplings={self.couplings!r}); "
                     "use estimator='hybrid' for measured singles with couplings."
                 )

@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from cbo.errors import CBOError
 from cbo.hessian.base import register
-from cbo.hessian.hybrid import CalibrationMeter, HybridEstimator, TargetedOptions, _check_int, _check_number
+from cbo.hessian.hybrid import CalibrationLosses, TargetedEstimator, TargetedOptions
+from cbo.hessian.options import check_int, check_number
 
 
 def flip_delta(H: np.ndarray, g: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -51,7 +51,7 @@ def energies(H: np.ndarray, g: np.ndarray, X: np.ndarray) -> np.ndarray:
 
 
 @register
-class TrustRegionEstimator(HybridEstimator):
+class TrustRegionEstimator(TargetedEstimator):
     name = "trust"
     description = "hybrid QUBO re-expanded at its solution: measured flips, swaps in a Hamming ball, repeated"
     cost = "hybrid + per step up to N + `proposals` removal sets measured per batch, at most `max_steps` steps"
@@ -66,23 +66,12 @@ class TrustRegionEstimator(HybridEstimator):
 
         def validate(self) -> None:
             TargetedOptions.validate(self)
-            _check_int(self.radius, "radius", 1)
-            _check_int(self.proposals, "proposals", 1)
-            _check_int(self.max_steps, "max_steps", 0)
-            _check_number(self.locality, "locality")
+            check_int(self.radius, "radius", 1)
+            check_int(self.proposals, "proposals", 1)
+            check_int(self.max_steps, "max_steps", 0)
+            check_number(self.locality, "locality")
 
     # ------------------------------------------------------------------ the search
-    def _check(self, n: int) -> tuple[int, set[int]]:
-        m = int(self.options.remove)
-        keep = {int(k) for k in self.options.keep}
-        bad = sorted(k for k in keep if not 0 <= k < n)
-        if bad:
-            raise CBOError(f"keep indices {bad} are out of range 0..{n - 1}.")
-        upper = n - len(keep) if keep else n - 1
-        if m > upper:
-            raise CBOError(f"remove={m} is out of range for {n} blocks with {len(keep)} kept; use 1..{upper}.")
-        return m, keep
-
     def _start(self, H: np.ndarray, g: np.ndarray, m: int, keep: set[int]) -> np.ndarray:
         from cbo.qubo import BlockQUBO
         from cbo.solvers import solve
@@ -109,9 +98,9 @@ class TrustRegionEstimator(HybridEstimator):
         opts = self.options
         H0, g0 = self.base_qubo(state)
         n = len(g0)
-        m, keep = self._check(n)
+        m, keep = self.remove, self.keep
         D1 = self.singles(state)
-        meter = CalibrationMeter(self, state)
+        meter = CalibrationLosses(self, state)
         x = self._start(H0, g0, m, keep)
         d_x = float(meter([np.flatnonzero(x)])[0])
         path = [{"removed": [int(i) for i in np.flatnonzero(x)], "loss": d_x}]
@@ -161,15 +150,13 @@ class TrustRegionEstimator(HybridEstimator):
                 },
                 "trust_start_loss": path[0]["loss"],
                 "trust_sets_measured": len(meter.values),
-                "forward_passes": int(state["_passes"][0]),
             }
         )
-        extra["forward_equivalents"] = round(self.forward_equivalents(state), 2)
         return H, g, extra
 
     def _expand(
         self,
-        meter: CalibrationMeter,
+        meter: CalibrationLosses,
         H0: np.ndarray,
         g0: np.ndarray,
         x: np.ndarray,
@@ -200,7 +187,7 @@ class TrustRegionEstimator(HybridEstimator):
         return H0, g, allowed
 
     def _exact_swaps(
-        self, meter: CalibrationMeter, H: np.ndarray, g: np.ndarray, x: np.ndarray, d_x: float, keep: set[int]
+        self, meter: CalibrationLosses, H: np.ndarray, g: np.ndarray, x: np.ndarray, d_x: float, keep: set[int]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Couplings of every measured one-swap neighbour of x set so that its energy is exact, flips kept exact."""
         H = H.copy()

@@ -1,22 +1,21 @@
-"""``solver="auto"``: exact enumeration when it fits the time budget, else the swap heuristics.
+"""``solver="auto"``: the exact enumerator when it can prove the answer in the time budget, else the heuristic.
 
-The feasible space has C(n_free, r) states. Full enumeration visits them at roughly
-``GPU_RATE`` states/s on a data-centre GPU and ``CPU_RATE_PER_THREAD`` per CPU thread (the CPU
-enumerator's lower bound usually prunes most of them, so the CPU estimate is conservative). If the
-estimate fits the budget (the call's ``time_limit``, else ``budget`` seconds), the exact enumerator
-runs — on the GPU when one is usable and no caps/parameter budget apply — otherwise the heuristic:
-``swap-sa`` and ``swap-tabu`` both run (sharing a time limit) and their states are merged. On the
-default model's sublayer QUBO (N = 60, M = 30) swap-sa with its default schedule missed part of the
-best-known top-10 (recall 0.3–0.8 over seeds); with a 3x longer schedule (1000 sweeps) and swap-tabu's
-states merged in, the top-10 was found on all six seeds tried, in about 2 s (``benchmarks/solvers.py``
-measures it).
-The choice and the reason are recorded in ``info["auto_choice"]`` / ``info["auto_reason"]``, and
-the result's solver name reads e.g. ``"auto→enumerate"``. A ``backend`` other than ``"local"`` (Ray, the
-GPU) is a backend of the exact enumerator: auto then runs the enumerator on it.
+If a GPU is usable and full enumeration fits the budget (the call's ``time_limit``, else ``budget`` seconds),
+the GPU enumerator runs. Otherwise the CPU enumerator's strategy decides (:mod:`cbo.solvers.enumerate.strategy`):
 
-Between the two, when full enumeration would take up to ``ATTEMPT_FACTOR`` times the budget, the
-CPU enumerator (whose lower bound often prunes most of the space at small M) is tried for the
-budget; if it does not finish, the heuristic runs as well and the states of all are merged (inexact).
+* the relaxation branch and bound (large spaces, up to 256 free blocks): the enumerator runs for the budget,
+  seeding itself with the heuristic's states when its first fraction of a second did not prove the answer; it
+  returns the proven top-K when it finishes, else the best states of both (inexact) — never worse than the
+  heuristic alone.
+* lexicographic enumeration: full enumeration at roughly ``CPU_RATE_PER_THREAD`` states/s per thread (its
+  lower bound usually prunes most of the space, so the estimate is conservative). If the estimate fits the
+  budget the enumerator runs; up to ``ATTEMPT_FACTOR`` times the budget it is tried for the budget and, if it
+  does not finish, the heuristic runs too and the states of all are merged (inexact); beyond that the
+  heuristic (:mod:`cbo.solvers.heuristic`: ``swap-sa`` and ``swap-tabu``, sharing a time limit) runs alone.
+
+The choice and the reason are recorded in ``info["auto_choice"]`` / ``info["auto_reason"]``, and the result's
+solver name reads e.g. ``"auto→enumerate"``. A ``backend`` other than ``"local"`` (Ray, the GPU) is a backend of
+the exact enumerator: auto then runs the enumerator on it.
 """
 
 from __future__ import annotations
@@ -30,22 +29,22 @@ import numpy as np
 
 from cbo.errors import SolverOptionError
 from cbo.solvers.base import Problem, Solver, SolverOutput, get, register, run_solver
+from cbo.solvers.enumerate.strategy import choose_strategy
+from cbo.solvers.heuristic import HEURISTIC, run_heuristic
 
 GPU_RATE = 2e10
 CPU_RATE_PER_THREAD = 1e9
 ATTEMPT_FACTOR = 100.0
-HEURISTIC = "swap-sa+swap-tabu"  # the choice's name: both swap heuristics, states merged
-# the annealer's schedule inside auto: 1000 sweeps per restart instead of its default 300 (on the sublayer
-# QUBO at M = 30 the default schedule missed the best-known ground state on most seeds, 1000 sweeps did not)
-HEURISTIC_OPTIONS: dict[str, dict[str, Any]] = {"swap-sa": {"sweeps": 1000}, "swap-tabu": {}}
 
 
-def plan_choice(problem: Problem, budget: float, use_gpu: bool = True) -> tuple[str, str, float]:
-    """(choice, reason, estimated full-enumeration seconds) for a problem and a time budget.
+def plan_choice(problem: Problem, budget: float, use_gpu: bool = True) -> tuple[str, str, float | None]:
+    """(choice, reason, estimated full-enumeration seconds or None) for a problem and a time budget.
 
     choice is ``"enumerate-gpu"`` or ``"enumerate"`` when full enumeration fits the budget,
-    ``"attempt"`` when it does not but is within ``ATTEMPT_FACTOR`` of it (the CPU enumerator's lower
-    bound often prunes enough: try it for the budget, fall back to the heuristic), else ``HEURISTIC``.
+    ``"relaxation"`` when the CPU enumerator's relaxation search gets the budget (it seeds itself with the
+    heuristic), ``"attempt"`` when lexicographic enumeration does not fit but is within ``ATTEMPT_FACTOR`` of
+    it (its lower bound often prunes enough: try it for the budget, fall back to the heuristic), else
+    ``HEURISTIC``.
     """
     n, r = problem.n_free, problem.r
     states = math.comb(n, r)
@@ -65,6 +64,14 @@ def plan_choice(problem: Problem, budget: float, use_gpu: bool = True) -> tuple[
             return "enumerate-gpu", f"{space}, about {est:.3g} s on the GPU, within the {budget:.3g} s budget", est
     threads = os.cpu_count() or 1
     est = states / (CPU_RATE_PER_THREAD * threads)
+    strategy, why = choose_strategy(problem)
+    if strategy == "relaxation":
+        nogpu = "" if gpu_ok or not use_gpu else f" (no GPU: {gpu_reason})"
+        return (
+            "relaxation",
+            f"{why}{nogpu}; it gets the {budget:.3g} s budget, seeded with the heuristic ({HEURISTIC})",
+            None,
+        )
     cpu = f"{est:.3g} s to enumerate fully on {threads} CPU thread(s)"
     nogpu = "" if gpu_ok or not use_gpu else f" (no GPU: {gpu_reason})"
     if est <= budget:
@@ -120,7 +127,15 @@ class AutoSolver(Solver):
         budget = problem.time_left() if limited else float(options.budget)
         choice, reason, est = plan_choice(problem, budget, bool(options.use_gpu))
         extra: dict[str, Any] = {}
-        if choice == "attempt":
+        if choice == "relaxation":
+            sub = problem if limited else replace(problem, time_limit=problem.elapsed() + budget)
+            out = run_solver("enumerate", sub, strategy="relaxation")
+            choice = "enumerate"
+            if out.exact:
+                reason += f"; it finished in {sub.elapsed():.3g} s (exact)"
+            else:
+                reason += "; it did not finish: its best states and the heuristic's (inexact)"
+        elif choice == "attempt":
             # leave part of a user time limit for the fallback
             sub = replace(problem, time_limit=problem.elapsed() + (0.7 * budget if limited else budget))
             out = run_solver("enumerate", sub)
@@ -128,7 +143,7 @@ class AutoSolver(Solver):
             if out.exact:
                 choice, reason = "enumerate", reason + f"; it finished in {sub.elapsed():.3g} s (exact)"
             else:
-                fallback = _heuristic(problem)
+                fallback = run_heuristic(problem)
                 reason += "; it did not finish, so the heuristics ran too and the states of all are merged"
                 out = SolverOutput(
                     np.concatenate([out.candidates, fallback.candidates]),
@@ -137,11 +152,11 @@ class AutoSolver(Solver):
                 )
                 choice = HEURISTIC
         elif choice == HEURISTIC:
-            out = _heuristic(problem)
+            out = run_heuristic(problem)
         else:
             if not get(choice).availability()[0]:  # e.g. the GPU went away after the check
                 choice, reason = HEURISTIC, f"{choice} became unavailable; heuristic"
-                out = _heuristic(problem)
+                out = run_heuristic(problem)
             else:
                 out = run_solver(choice, problem)
         return _recorded(out, choice, reason, est, extra)
@@ -157,14 +172,3 @@ def _recorded(out: SolverOutput, choice: str, reason: str, est: float | None, ex
     info["auto_estimate_seconds"] = est
     info["solver_name"] = f"auto→{inner}"
     return SolverOutput(out.candidates, exact=out.exact, info=info)
-
-
-def _heuristic(problem: Problem) -> SolverOutput:
-    """swap-sa (with half of what is left of a time limit), then swap-tabu (the rest), their states merged."""
-    first = problem
-    if problem.time_limit is not None:
-        first = replace(problem, time_limit=problem.elapsed() + 0.5 * problem.time_left())
-    sa = run_solver("swap-sa", first, **HEURISTIC_OPTIONS["swap-sa"])
-    tabu = run_solver("swap-tabu", problem, **HEURISTIC_OPTIONS["swap-tabu"])
-    info = {**sa.info, "swap_tabu_info": tabu.info, "solver_name": HEURISTIC}
-    return SolverOutput(np.concatenate([sa.candidates, tabu.candidates]), exact=False, info=info)

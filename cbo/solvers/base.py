@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -30,6 +32,7 @@ from cbo.errors import (
 from cbo.extras import has_module, install_command
 from cbo.qubo import BlockQUBO
 from cbo.registry import Registry
+from cbo.solvers.interrupt import stop_on_interrupt
 from cbo.states import RankedStates
 
 
@@ -40,7 +43,8 @@ class Problem:
     ``free`` are the blocks a solver chooses among (not kept, not forced); ``r`` of them must be
     removed. ``Q`` is the QUBO matrix over the free blocks with the forced blocks folded into its
     diagonal, and ``const`` the energy of the forced blocks alone, so that for a free sub-state y
-    ``E(full) = Σ_i Q_ii y_i + Σ_{i<j} Q_ij y_i y_j + const``.
+    ``E(full) = Σ_i Q_ii y_i + Σ_{i<j} Q_ij y_i y_j + const``. ``stop`` is set on Ctrl-C (see
+    :mod:`cbo.solvers.interrupt`): solvers poll ``interrupted`` or ``time_left()`` and return what they have.
     """
 
     qubo: BlockQUBO
@@ -50,6 +54,7 @@ class Problem:
     time_limit: float | None
     progress: bool = False
     start: float = field(default_factory=time.perf_counter)
+    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     free: np.ndarray = field(init=False)
     forced: np.ndarray = field(init=False)
     r: int = field(init=False)
@@ -96,8 +101,20 @@ class Problem:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    @property
+    def interrupted(self) -> bool:
+        """Whether a stop was asked for (Ctrl-C): the solver should return its best states so far."""
+        return self.stop.is_set()
+
+    def out_of_time(self) -> bool:
+        """Whether the time limit has passed."""
+        return self.time_limit is not None and self.elapsed() >= self.time_limit
+
     def time_left(self) -> float:
-        """Seconds left before ``time_limit`` (inf without a limit)."""
+        """Seconds left before ``time_limit`` (inf without a limit; 0 once interrupted, so that a solver
+        that stops at its time limit also stops on Ctrl-C)."""
+        if self.stop.is_set():
+            return 0.0
         return float("inf") if self.time_limit is None else self.time_limit - self.elapsed()
 
     def rng(self) -> np.random.Generator:
@@ -153,6 +170,13 @@ class Solver(abc.ABC):
         if missing:
             return False, f"{', '.join(missing)} not installed; install with: {install_command(missing[0])}"
         return True, "ok"
+
+    @classmethod
+    def load(cls) -> None:
+        """Import the modules ``run`` needs; ``solve()`` calls it before the time limit's clock starts, so that a
+        first import (seconds for qiskit) does not eat the time limit. Default: the modules of ``requires``."""
+        for module in cls.requires:
+            importlib.import_module(module)
 
     @classmethod
     def make_options(cls, options: dict[str, Any] | None = None) -> Any:
@@ -244,11 +268,17 @@ def solve(
         k: how many distinct states to return.
         seed: makes randomized solvers reproducible; drawn and recorded when omitted.
         time_limit: seconds; a solver that stops early marks its result inexact.
-        keep / force: override the QUBO's keep/force lists for this call.
+        keep / force: replace the QUBO's keep/force lists for this call (a block index or name, or a list
+            of them).
         progress: show a progress bar on long runs.
+
+    Ctrl-C (SIGINT) while a solver runs in the main thread makes it stop and return its best states so
+    far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
+    Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
         **options: solver settings (each solver's ``Options`` dataclass lists them). The exact
-            enumerator (and ``auto``, which passes them on) takes ``backend="ray"`` (enumeration sharded
-            over Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
+            enumerator takes ``strategy="lexicographic"`` or ``"relaxation"`` (default: chosen from the
+            problem), and (as ``auto``, which passes them on) ``backend="ray"`` (enumeration sharded over
+            Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
 
     Example:
         >>> import numpy as np, cbo
@@ -261,9 +291,9 @@ def solve(
     if keep is not None or force is not None:
         changes = {}
         if keep is not None:
-            changes["keep"] = keep
+            changes["keep"] = block_list(keep, "keep")
         if force is not None:
-            changes["force"] = force
+            changes["force"] = block_list(force, "force")
         qubo = qubo.with_constraints(**changes)
     qubo.check_remove(remove)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -287,10 +317,16 @@ def solve(
     if not ok:
         raise SolverUnavailableError(f"solver {cls.name!r} cannot run here: {reason}")
     opts = cls.make_options(options)
+    cls.load()
     problem = Problem(qubo, int(remove), int(k), int(seed), time_limit, progress)
     instance = solver if isinstance(solver, Solver) else cls()
-    out = instance.run(problem, opts)
+    with stop_on_interrupt(problem.stop):
+        out = instance.run(problem, opts)
     wall = problem.elapsed()
+    if problem.interrupted and not out.exact:
+        out.info["interrupted"] = True
+        if not problem.out_of_time():
+            out.info["timed_out"] = False
     recorded = {**_options_record(opts), "seed": seed, "time_limit": time_limit, "k": k}
     result = RankedStates.from_candidates(
         qubo,
@@ -304,12 +340,26 @@ def solve(
         info=out.info,
     )
     if not len(result):
+        if problem.interrupted:
+            raise KeyboardInterrupt(f"solver {cls.name!r} was interrupted before it found a feasible state")
         raise SolverError(
             f"solver {cls.name!r} returned no feasible state for M={remove}"
             + (f" ({out.info['hint']})" if "hint" in out.info else "")
             + "."
         )
     return result
+
+
+def block_list(blocks: Any, label: str) -> list[Any]:
+    """``keep``/``force`` as a list: one block index or name becomes a one-element list."""
+    if isinstance(blocks, (str, int, np.integer)) and not isinstance(blocks, bool):
+        return [blocks]
+    try:
+        return list(blocks)
+    except TypeError:
+        raise SolverError(
+            f"{label} must be a block index, a block name or a list of them, got {type(blocks).__name__} {blocks!r}."
+        ) from None
 
 
 def _options_record(opts: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ energies differ by less than the precision are listed in ``info["close_pairs"]``
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,7 @@ class CPSat(Solver):
         solver = cp.CpSolver()
         solver.parameters.num_workers = int(workers)
         solver.parameters.random_seed = int(problem.seed % (2**31))
+        solver.parameters.catch_sigint_signal = False  # Ctrl-C reaches solve()'s handler: see solve_stoppable
         max_extra = int(options.max_extra)
         if max_extra < 0:
             raise SolverError(f"max_extra must be >= 0, got {options.max_extra!r}.")
@@ -133,12 +135,18 @@ class CPSat(Solver):
         statuses: list[str] = []
         while True:
             left = deadline - problem.elapsed()
-            if left <= 0:
-                proven, stop_reason = False, "time limit"
+            if left <= 0 or problem.interrupted:
+                proven, stop_reason = False, "interrupted" if problem.interrupted else "time limit"
                 break
             solver.parameters.max_time_in_seconds = float(left)
-            status = solver.solve(model)
+            status = solve_stoppable(solver, model, problem)
             statuses.append(solver.status_name(status))
+            if problem.interrupted and status != cp.OPTIMAL:
+                proven, stop_reason = False, "interrupted"
+                if status == cp.FEASIBLE:
+                    found.append(np.array([solver.boolean_value(v) for v in y], dtype=np.uint8))
+                    objs.append(int(round(solver.objective_value)))
+                break
             if status == cp.INFEASIBLE:
                 stop_reason = f"only {len(found)} feasible states exist"
                 settled = True
@@ -193,6 +201,30 @@ class CPSat(Solver):
         if not found:
             info["hint"] = f"CP-SAT found no state within {deadline:.3g} s; raise time_limit"
         return SolverOutput(problem.expand(Y), exact=bool(info["proven"]), info=info)
+
+
+def solve_stoppable(solver: Any, model: Any, problem: Problem) -> Any:
+    """``solver.solve(model)`` in a worker thread (CP-SAT releases the GIL) while this thread watches for
+    Ctrl-C (``problem.interrupted``) and stops the search, which then returns its best solution so far."""
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            result["status"] = solver.solve(model)
+        except BaseException as exc:  # re-raised in the calling thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=work, name="cbo-cpsat", daemon=True)
+    worker.start()
+    stopped = False
+    while worker.is_alive():
+        worker.join(timeout=0.05)
+        if problem.interrupted and not stopped:
+            solver.stop_search()
+            stopped = True
+    if "error" in result:
+        raise result["error"]
+    return result["status"]
 
 
 def _scale(Q: np.ndarray, n_terms: int, scale: float | None, precision: float | None) -> float:

@@ -18,6 +18,9 @@ from cbo.extras import require
 from cbo.solvers.base import Problem, SolverOutput, register
 from cbo.solvers.penalty import PenaltyOptions, PenaltySolver, positive, round_seed
 
+# Simulated-annealing reads per sampler call (between calls the time limit and Ctrl-C are checked).
+READ_BATCH = 25
+
 
 @register
 class SimulatedAnnealing(PenaltySolver):
@@ -46,16 +49,26 @@ class SimulatedAnnealing(PenaltySolver):
         beta_range: tuple[float, float] | None = None
 
     def sample(self, bqm: Any, problem: Problem, options: Options, round_: int) -> Any:
+        """Reads in batches of ``READ_BATCH`` (each seeded from the round and its first read): the sampler draws
+        every read's random start in Python before it anneals, and checks the time limit and Ctrl-C only
+        between reads, so a large ``num_reads`` in one call would not stop for seconds or minutes."""
         samplers = require("dwave.samplers", "simulated annealing")
+        dimod = require("dimod", "simulated annealing")
+        reads = positive(options.num_reads, "num_reads")
         kwargs: dict[str, Any] = {
-            "num_reads": positive(options.num_reads, "num_reads"),
             "num_sweeps": positive(options.num_sweeps, "num_sweeps"),
-            "seed": round_seed(problem, round_),
             "interrupt_function": lambda: problem.time_left() <= 0,
         }
         if options.beta_range is not None:
             kwargs["beta_range"] = tuple(float(b) for b in options.beta_range)
-        return samplers.SimulatedAnnealingSampler().sample(bqm, **kwargs)
+        sets = []
+        for first in range(0, reads, READ_BATCH):
+            if sets and problem.time_left() <= 0:
+                break
+            seed = (round_seed(problem, round_) + 104729 * first) % (2**31 - 1)
+            count = min(READ_BATCH, reads - first)
+            sets.append(samplers.SimulatedAnnealingSampler().sample(bqm, num_reads=count, seed=seed, **kwargs))
+        return dimod.concatenate(sets)
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         out = super().run(problem, options)
@@ -90,20 +103,24 @@ class Tabu(PenaltySolver):
         tenure: int | None = None
 
     def sample(self, bqm: Any, problem: Problem, options: Options, round_: int) -> Any:
+        """One read per sampler call (seeded by the round and the read), so that the time limit and Ctrl-C
+        are seen between reads: the sampler itself runs to its timeout in C++."""
         samplers = require("dwave.samplers", "tabu search")
-        timeout = positive(options.timeout_ms, "timeout_ms")
-        left = problem.time_left()
-        if np.isfinite(left):
-            timeout = max(1, min(timeout, int(1000 * left / max(1, options.num_reads))))
-        kwargs: dict[str, Any] = {
-            "num_reads": positive(options.num_reads, "num_reads"),
-            "num_restarts": positive(options.num_restarts, "num_restarts"),
-            "timeout": int(timeout),
-            "seed": round_seed(problem, round_),
-        }
+        dimod = require("dimod", "tabu search")
+        reads = positive(options.num_reads, "num_reads")
+        kwargs: dict[str, Any] = {"num_reads": 1, "num_restarts": positive(options.num_restarts, "num_restarts")}
         if options.tenure is not None:
             kwargs["tenure"] = positive(options.tenure, "tenure")
-        return samplers.TabuSampler().sample(bqm, **kwargs)
+        cap = positive(options.timeout_ms, "timeout_ms")
+        sets = []
+        for read in range(reads):
+            left = problem.time_left()
+            if sets and left <= 0:
+                break
+            timeout = max(1, min(cap, int(1000 * left / (reads - read)))) if np.isfinite(left) else cap
+            seed = (round_seed(problem, round_) + 104729 * read) % (2**31 - 1)
+            sets.append(samplers.TabuSampler().sample(bqm, timeout=int(timeout), seed=seed, **kwargs))
+        return dimod.concatenate(sets)
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         out = super().run(problem, options)

@@ -63,8 +63,16 @@ class SwapRun:
         order = np.argsort(self.pool_E, kind="stable")[:k]
         return tuple(int(h) for h in self.pool_H[order])
 
-    def close(self, max_expand: int, depth: int) -> int:
-        return int(closure(*self.constraint_args, *self.pool_args, max_expand, depth))
+    def close(self, max_expand: int, depth: int, stop: Callable[[], bool] | None = None) -> int:
+        """Expand pooled states (best first) until the pool is stable, ``max_expand`` were expanded, or
+        ``stop()`` (checked before each one: one expansion scans a whole double-swap neighbourhood)."""
+        done = 0
+        while done < max_expand and not (stop is not None and stop()):
+            got = int(closure(*self.constraint_args, *self.pool_args, 1, depth))
+            done += got
+            if not got:
+                break
+        return done
 
     def candidates(self, problem: Problem) -> np.ndarray:
         filled = self.pool_E < np.inf
@@ -90,8 +98,9 @@ class SwapRun:
                 sig = new
                 if patience and stale >= patience:
                     break
-                if problem.time_left() <= 0:
-                    timed_out = done < restarts
+                if problem.time_left() <= 0:  # the time limit, or Ctrl-C (problem.interrupted)
+                    interrupted = problem.interrupted
+                    timed_out = done < restarts and not interrupted
                     break
         except KeyboardInterrupt:
             interrupted = True
@@ -186,7 +195,7 @@ class _SwapSolver(Solver):
             self.search(run, problem, options, settings, first, count)
 
         info = run.drive(problem, step, int(options.restarts), int(options.patience))
-        expanded = run.close(10**9 if options.closure else 0, int(options.closure))
+        expanded = run.close(10**9 if options.closure else 0, int(options.closure), lambda: problem.interrupted)
         info.update(settings)
         info.update({self.counters[0]: int(run.stats[1]), self.counters[1]: int(run.stats[2])})
         info.update({"closure_expanded": expanded, "feasible_fraction": 1.0})

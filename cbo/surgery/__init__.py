@@ -1,6 +1,6 @@
-"""Model surgery: ``depth`` deletes layers or zeroes sublayers; ``width`` slices heads and neurons; ``io`` saves
-and loads pruned models."""
+"""Model surgery: ``depth`` deletes layers or zeroes sublayers; ``width`` slices heads and neurons; ``io`` is the one
+save and load route of every pruned model."""
 
-from cbo.surgery.depth import load_pruned_depth, remove_blocks, remove_sublayers, restore_zeroed_sublayers
+from cbo.surgery.depth import remove_blocks, remove_sublayers, restore_zeroed_sublayers
 
-__all__ = ["load_pruned_depth", "remove_blocks", "remove_sublayers", "restore_zeroed_sublayers"]
+__all__ = ["remove_blocks", "remove_sublayers", "restore_zeroed_sublayers"]

@@ -33,7 +33,11 @@ PART_ALIASES = {"attn": "attn", "attention": "attn", "self_attn": "attn", "mlp":
 
 def text_config(model: Any) -> Any:
     """The config that holds the decoder's layer count (the text config of multimodal models)."""
-    config = model.config
+    return text_config_of(model.config)
+
+
+def text_config_of(config: Any) -> Any:
+    """The text (decoder) part of a config: itself, or ``get_text_config`` of a multimodal one."""
     if hasattr(config, "get_text_config"):
         try:
             return config.get_text_config(decoder=True)
@@ -267,26 +271,3 @@ def restore_zeroed_sublayers(model: Any) -> Any:
             raise ModelError(f"config lists zeroed sublayer ({layer}, {part!r}) but the model has {len(layers)} layers")
         _zero_half(model, layers[layer], layer, part)
     return model
-
-
-def load_pruned_depth(path: Any, **kwargs: Any) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(path)`` plus :func:`restore_zeroed_sublayers`.
-
-    Plain ``from_pretrained`` is enough for layer removal; models with zeroed sublayers need this call (it
-    silences the expected missing-weight warning for the removed halves).
-    """
-    transformers = require("transformers", "loading a pruned model")
-    config = transformers.AutoConfig.from_pretrained(path)
-    zeroed = getattr(config, ZEROED_KEY, None) or getattr(
-        config.get_text_config() if hasattr(config, "get_text_config") else config, ZEROED_KEY, None
-    )
-    if not zeroed:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
-    logging = transformers.utils.logging
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    finally:
-        logging.set_verbosity(level)
-    return restore_zeroed_sublayers(model).eval()

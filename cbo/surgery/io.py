@@ -1,4 +1,4 @@
-"""Save and load pruned models: removed layers, zeroed sublayers and per-layer widths.
+"""The one save route and the one load route of every pruned model: removed layers, zeroed sublayers, widths.
 
 :func:`save_pruned` writes an ordinary Hugging Face folder (``save_pretrained``: safetensors + config.json).
 The config records what surgery did: ``cbo_removed_layers`` / ``cbo_original_layers`` /
@@ -8,8 +8,9 @@ rebuilds the modules with those shapes before the weights are loaded, so the log
 
 Loading routes:
 
-* ``cbo.load_pruned(path)`` — always works.
-* Plain transformers, depth-only pruning: ``AutoModelForCausalLM.from_pretrained(path)``.
+* ``cbo.load_pruned(path)`` — always works (removed layers, zeroed sublayers, widths, any mix).
+* Plain transformers, layer removal only: ``AutoModelForCausalLM.from_pretrained(path)``; with zeroed sublayers
+  it rebuilds the removed halves with missing weights, which ``load_pruned`` replaces by zero modules.
 * Plain transformers, per-layer widths: ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
   The folder carries a three-line ``modeling_cbo_pruned.py`` (registered in ``auto_map``) that subclasses the
   model's own class and reshapes its layers from the config; it imports ``cbo``, so the cbo package must be
@@ -30,6 +31,7 @@ from typing import Any
 
 from cbo.errors import CorruptFileError, ModelError
 from cbo.extras import require
+from cbo.surgery.depth import ZEROED_KEY, restore_zeroed_sublayers, text_config_of
 
 WIDTHS_KEY = "cbo_layer_widths"
 FORMAT_KEY = "cbo_pruned_format"
@@ -49,18 +51,9 @@ from {module} import {base} as _Base
 '''
 
 
-def _text_config(config: Any) -> Any:
-    if hasattr(config, "get_text_config"):
-        try:
-            return config.get_text_config(decoder=True)
-        except TypeError:
-            return config.get_text_config()
-    return config
-
-
 def recorded_widths(config: Any) -> list[dict[str, int]] | None:
     """The per-layer widths a pruned model's config records (None if it records none)."""
-    for c in (config, _text_config(config)):
+    for c in (config, text_config_of(config)):
         widths = getattr(c, WIDTHS_KEY, None)
         if widths:
             return [dict(w) for w in widths]
@@ -69,7 +62,7 @@ def recorded_widths(config: Any) -> list[dict[str, int]] | None:
 
 def _uniform_with_config(widths: list[dict[str, int]], config: Any) -> bool:
     """True when every layer has the widths the stock config describes (no reshaping needed)."""
-    c = _text_config(config)
+    c = text_config_of(config)
     heads = getattr(c, "num_attention_heads", None) or getattr(c, "n_head", None)
     kv = getattr(c, "num_key_value_heads", None) or heads
     inter = getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None)
@@ -83,8 +76,8 @@ def _uniform_with_config(widths: list[dict[str, int]], config: Any) -> bool:
     return True
 
 
-def _apply_recorded(model: Any) -> Any:
-    from cbo.surgery.depth import restore_zeroed_sublayers
+def apply_recorded(model: Any) -> Any:
+    """Rebuild what the config records: zeroed sublayers (zero modules) and per-layer widths (resized layers)."""
     from cbo.surgery.width import resize_to
 
     restore_zeroed_sublayers(model)
@@ -103,7 +96,7 @@ def pruned_model_class(base: type) -> type:
 
     def __init__(self, config, *args, **kwargs):
         base.__init__(self, config, *args, **kwargs)
-        _apply_recorded(self)
+        apply_recorded(self)
 
     def is_custom_code(cls) -> bool:
         # loaded through trust_remote_code, transformers would otherwise skip the base's key renamings
@@ -180,6 +173,10 @@ def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kw
 def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     """Load a model saved by :func:`save_pruned` (or any pruned folder with a CBO config), in eval mode.
 
+    Removed layers load as they are; zeroed sublayers are rebuilt as zero modules (the expected warning about
+    their missing weights is silenced); per-layer widths are reshaped before the weights load, so the logits
+    equal the saved model's.
+
     Args:
         path: the folder.
         **kwargs: passed to ``from_pretrained`` (e.g. ``dtype=torch.bfloat16``, ``device_map``).
@@ -200,13 +197,28 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     except (OSError, ValueError) as exc:
         raise CorruptFileError(f"cannot read the config in {str(path)!r}: {exc}") from exc
     widths = recorded_widths(config)
-    if not widths or _uniform_with_config(widths, config):
-        from cbo.surgery.depth import load_pruned_depth
-
-        return load_pruned_depth(path, **kwargs)
-    cls = pruned_model_class(_causal_lm_class(config))
+    reshaped = bool(widths) and not _uniform_with_config(widths, config)
+    cls = pruned_model_class(_causal_lm_class(config)) if reshaped else transformers.AutoModelForCausalLM
+    zeroed = getattr(config, ZEROED_KEY, None) or getattr(text_config_of(config), ZEROED_KEY, None)
+    logging = transformers.utils.logging
+    level = logging.get_verbosity()
+    if zeroed:  # from_pretrained rebuilds the removed halves and warns that their weights are missing
+        logging.set_verbosity_error()
     try:
         model = cls.from_pretrained(path, config=config, **kwargs)
     except (ModelError, RuntimeError) as exc:
         raise CorruptFileError(f"the weights in {str(path)!r} do not match its recorded layer widths: {exc}") from exc
+    finally:
+        logging.set_verbosity(level)
+    if not reshaped:
+        restore_zeroed_sublayers(model)
     return model.eval()
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The tokenizer saved beside a model (None when the folder has none)."""
+    transformers = require("transformers", "loading a tokenizer")
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return None

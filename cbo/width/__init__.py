@@ -8,12 +8,12 @@
 * :mod:`cbo.width.recovery` — a short recovery fine-tune (LoRA or full) after pruning;
 * :mod:`cbo.width.mop` — the Mixture-of-Pruners scheduler (depth or width, one step at a time), given a
   depth proposer: it never estimates a Hessian or runs a solver itself;
-* :mod:`cbo.width.proposers` and :mod:`cbo.width.compress` — the pipeline layer (to move to
-  ``cbo/pipeline/``): the depth proposers (``cbo``: the QUBO's choice; ``antepenultimate``) and
-  :func:`compress`, the end-to-end call with a before/after report (``cbo.compress``).
+* the pipeline layer lives in :mod:`cbo.pipeline`: the depth proposers (:mod:`cbo.pipeline.proposers`;
+  ``cbo``: the QUBO's choice, ``antepenultimate``) and :func:`cbo.pipeline.compression.compress`, the end-to-end
+  call with a before/after report (``cbo.compress``).
 
 The functions below are re-exported here, except those named like their module (``allocate``,
-``compress``): import them from :mod:`cbo.width.allocate` and :mod:`cbo.width.compress` (``cbo.compress``).
+``compress``): import them from :mod:`cbo.width.allocate` and :mod:`cbo.pipeline.compression` (``cbo.compress``).
 
 Example:
     >>> from cbo.width import score_units, prune_width                   # doctest: +SKIP

@@ -5,7 +5,7 @@ Each step builds two candidates from the current model:
 * **depth**: remove the one decoder layer a *depth proposer* names: a callable ``(model, calibration) ->
   layer index or None`` (None: no depth candidate). The default, :func:`antepenultimate`, is the paper's
   rule (the layer just before the last two); the pipeline layer adds the CBO proposer (the QUBO's best next
-  layer, :mod:`cbo.width.proposers`), so this module never estimates a Hessian or runs a solver itself;
+  layer, :mod:`cbo.pipeline.proposers`), so this module never estimates a Hessian or runs a solver itself;
 * **width**: remove the same number of parameters as heads and MLP neurons across all layers, scored by a
   width score (AMP by default, as in the paper) and allocated globally (:mod:`cbo.width.allocate`).
 
@@ -212,7 +212,7 @@ def mixture_of_pruners(
         ratio: fraction of the original's parameters to remove, in (0, 1).
         criterion: ``cosine``, ``kl``, ``ppl`` or ``random`` (seeded by ``seed``).
         depth_proposer: ``(model, calibration) -> layer or None``, the layer each depth candidate removes:
-            :func:`antepenultimate` (the paper, default), the CBO proposer of :mod:`cbo.width.proposers`
+            :func:`antepenultimate` (the paper, default), the CBO proposer of :mod:`cbo.pipeline.proposers`
             (the QUBO's best next layer), or None (width only).
         width_score: a registered width score (default AMP, as in the paper).
         allocation: how a width step spreads its budget over layers (default: the score's own, see
@@ -225,7 +225,7 @@ def mixture_of_pruners(
         A :class:`MoPResult` with the pruned model and the recorded path.
 
     Example:
-        >>> from cbo.width.proposers import depth_proposer                                # doctest: +SKIP
+        >>> from cbo.pipeline.proposers import depth_proposer                                # doctest: +SKIP
         >>> r = mixture_of_pruners(model, calib, control, ratio=0.4, criterion="cosine",
         ...                        depth_proposer=depth_proposer("cbo"))                  # doctest: +SKIP
     """

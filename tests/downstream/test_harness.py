@@ -119,12 +119,12 @@ def test_local_tasks_are_made_on_first_use(tiny_lm, cbo_home, default_text):
 def test_cli_eval_quiet(tiny_lm, local_tasks_home, tmp_path):
     from typer.testing import CliRunner
 
-    from cbo.cli import _register, app
+    from cbo.cli import app, register_commands
 
     model, tokenizer = tiny_lm
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    _register()
+    register_commands()
     out_json = tmp_path / "results.json"
     args = ["eval", str(tmp_path / "tiny"), "--tasks", "austen_cloze,austen_choice", "--limit", "3", "-q"]
     result = CliRunner().invoke(app, [*args, "--json", str(out_json)])

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from cbo.errors import CBOError, DataError
-from cbo.hessian import UnknownEstimatorError, estimate_hessian, names
+from cbo.errors import CBOError, DataError, InvalidOptionError, UnknownNameError
+from cbo.hessian import ESTIMATORS, driver, estimate_hessian, names
 from cbo.hessian import base as hbase
 from cbo.hessian.checkpoint import Checkpoint
+from cbo.hessian.measure import Measurer
 
 
 class Interrupt(Exception):
@@ -113,17 +114,19 @@ def test_bad_input_is_refused_with_the_valid_choices(tiny_model, tiny_windows):
     model = tiny_model("llama", n_layers=2)
     windows = tiny_windows(model, n=2, seq_len=8)
     run = dict(progress=False)
-    with pytest.raises(UnknownEstimatorError, match="fisher"):
+    with pytest.raises(UnknownNameError, match="unknown estimator 'newton'; registered: .*'fisher'"):
         estimate_hessian(model, None, windows, estimator="newton", **run)
-    with pytest.raises(CBOError, match="unknown loss 'mse'"):
+    with pytest.raises(InvalidOptionError, match="unknown loss 'mse'"):
         estimate_hessian(model, None, windows, loss="mse", **run)
-    with pytest.raises(CBOError, match=r"no option\(s\) \['lables'\]; valid options: \['labels', 'samples'\]"):
+    with pytest.raises(
+        InvalidOptionError, match=r"no option\(s\) \['lables'\]; valid options: \['labels', 'samples'\]"
+    ):
         estimate_hessian(model, None, windows, lables="empirical", **run)
-    with pytest.raises(CBOError, match="'sampled' or 'empirical'"):
+    with pytest.raises(InvalidOptionError, match="'sampled' or 'empirical'"):
         estimate_hessian(model, None, windows, labels="true", **run)
-    with pytest.raises(CBOError, match="couplings must be 'raw' or 'positive'"):
+    with pytest.raises(InvalidOptionError, match="couplings must be 'raw' or 'positive'"):
         estimate_hessian(model, None, windows, estimator="pairwise", couplings="negative", **run)
-    with pytest.raises(CBOError, match="batch_size"):
+    with pytest.raises(InvalidOptionError, match="batch_size"):
         estimate_hessian(model, None, windows, batch_size=0, **run)
     with pytest.raises(DataError, match="shape"):
         estimate_hessian(model, None, windows[0], **run)
@@ -146,7 +149,10 @@ def test_nested_lists_and_token_splits_are_accepted(tiny_model, tiny_windows):
     np.testing.assert_array_equal(a.H, b.H)
 
 
-def test_a_new_estimator_is_one_registered_class(tiny_model, tiny_windows):
+def test_a_new_estimator_is_one_registered_class(tiny_model, tiny_windows, monkeypatch):
+    # registered into a copy of the registry's table, so the test estimator does not outlive the test
+    monkeypatch.setattr(ESTIMATORS, "_entries", dict(ESTIMATORS._entries))
+
     @hbase.register
     class DiagonalFisher(hbase.Estimator):
         """A test-only variant: the diagonal of the empirical Fisher."""
@@ -174,16 +180,14 @@ def test_a_new_estimator_is_one_registered_class(tiny_model, tiny_windows):
             T = self.run.seq_len - 1
             return np.diag(T * state["sq"] / state["count"] + self.options.damping), np.zeros(len(state["sq"])), {}
 
-    try:
-        assert "test-diagonal" in names()
-        model = tiny_model("llama", n_layers=3)
-        windows = tiny_windows(model, n=4, seq_len=8)
-        q = estimate_hessian(model, None, windows, estimator="test-diagonal", progress=False, damping=0.5)
-        full = estimate_hessian(model, None, windows, labels="empirical", progress=False)
-        np.testing.assert_allclose(np.diag(q.H), np.diag(full.H) + 0.5, rtol=1e-6)
-        assert q.metadata["estimator"] == "test-diagonal" and q.metadata["options"] == {"damping": 0.5}
-    finally:
-        hbase._REGISTRY.pop("test-diagonal", None)
+    assert "test-diagonal" in names()
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=8)
+    q = estimate_hessian(model, None, windows, estimator="test-diagonal", progress=False, damping=0.5)
+    full = estimate_hessian(model, None, windows, labels="empirical", progress=False)
+    np.testing.assert_allclose(np.diag(q.H), np.diag(full.H) + 0.5, rtol=1e-6)
+    assert q.metadata["estimator"] == "test-diagonal" and q.metadata["options"] == {"damping": 0.5}
+    assert q.metadata["forward_passes"] == 1 and q.metadata["forward_equivalents"] == 1.0
 
 
 def test_registry_lists_the_builtin_estimators():
@@ -200,38 +204,38 @@ def test_progress_bar_runs(tiny_model, tiny_windows, capsys):
 
 
 def test_pairwise_interrupted_inside_a_batch_resumes_where_it_stopped(tiny_model, tiny_windows, tmp_path, monkeypatch):
-    """One pairwise batch is 1 + N(N+1)/2 forward passes: the sets measured before an interruption are kept."""
+    """One pairwise batch is 1 + N(N+1)/2 measured sets: the sets measured before an interruption are kept."""
     model = tiny_model("llama", n_layers=3)
     windows = tiny_windows(model, n=4, seq_len=10)
     kw = dict(estimator="pairwise", loss="kl", batch_size=2, progress=False, couplings="raw")
     whole = estimate_hessian(model, None, windows, **kw)
-    monkeypatch.setattr(hbase, "PARTIAL_SAVE_INTERVAL_S", 0.0)
-    real = hbase.model_logits
-    calls = []
+    monkeypatch.setattr(driver, "PARTIAL_SAVE_INTERVAL_S", 0.0)
+    real = Measurer.losses
+    asked = []
 
-    def interrupted(m, tokens):
-        calls.append(1)
-        if len(calls) == 7 + 5:  # batch 0 took 7 passes; in batch 1 its base pass and 3 of 6 sets are done
+    def interrupted(self, sets, windows=None):
+        asked.append(list(sets))
+        # batch 0: the original pass and 3 chunks; batch 1: the original pass, the chunks of blocks 0 and 1, then stop
+        if len(asked) == 4 + 4:
             raise Interrupt("stopped inside batch 1")
-        return real(m, tokens)
+        return real(self, sets, windows)
 
     ckpt = tmp_path / "ckpt"
-    monkeypatch.setattr(hbase, "model_logits", interrupted)
+    monkeypatch.setattr(Measurer, "losses", interrupted)
     with pytest.raises(Interrupt):
         estimate_hessian(model, None, windows, checkpoint=ckpt, **kw)
-    monkeypatch.setattr(hbase, "model_logits", real)
     (path,) = ckpt.glob("*.ckpt.npz")
     with np.load(path) as z:
-        assert float(z["state__cursor"]) == 3.0
-    counted = []
+        assert float(z["state__cursor"]) == 5.0  # (0,), (0,1), (0,2), (1,), (1,2)
+    asked.clear()
 
-    def counting(m, tokens):
-        counted.append(1)
-        return real(m, tokens)
+    def counting(self, sets, windows=None):
+        asked.append(list(sets))
+        return real(self, sets, windows)
 
-    monkeypatch.setattr(hbase, "model_logits", counting)
+    monkeypatch.setattr(Measurer, "losses", counting)
     resumed = estimate_hessian(model, None, windows, checkpoint=ckpt, **kw)
-    assert len(counted) == 1 + 3  # batch 1's reference logits again, then only its 3 unmeasured sets
+    assert asked == [[()], [(2,)]]  # batch 1's original pass again, then only its unmeasured chunk
     assert resumed.metadata["resumed_from_batch"] == 1
     np.testing.assert_allclose(resumed.H, whole.H, rtol=1e-12, atol=1e-12)
     assert not list(ckpt.glob("*.ckpt.npz"))

@@ -172,3 +172,15 @@ def test_heuristics_find_the_ground_state(name):
         _, E = brute_force_topk(q, M, 1)
         res = _run(name, q, M, k=3, seed=seed)
         assert res.energies[0] == pytest.approx(E[0], rel=1e-9, abs=1e-9), f"{name} missed the ground state"
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_keep_and_force_as_one_block_index_or_name(name):
+    n = _size(name, 8)
+    q = random_block_qubo(n, 5)
+    by_index = _run(name, q, 2, k=3, keep=1, force=n - 1)
+    by_name = _run(name, q, 2, k=3, keep=q.names[1], force=q.names[n - 1])
+    for res in (by_index, by_name):
+        assert not res.states[:, 1].any() and res.states[:, n - 1].all()
+    with pytest.raises(SolverError, match="keep must be a block index"):
+        _run(name, q, 2, keep=1.5)

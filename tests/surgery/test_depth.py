@@ -15,12 +15,12 @@ from cbo.errors import ModelError
 from cbo.evaluate import count_parameters
 from cbo.surgery.depth import (
     ZeroAttention,
-    load_pruned_depth,
     remove_blocks,
     remove_sublayers,
     restore_zeroed_sublayers,
     zeroed_sublayers,
 )
+from cbo.surgery.io import load_pruned
 
 
 def _logits(model, x):
@@ -122,7 +122,7 @@ def test_more_architectures(tiny_model, tiny_windows, arch, tmp_path):
     pruned = remove_sublayers(remove_blocks(model, [1]), [(0, "attn"), (1, "mlp")])
     torch.testing.assert_close(_logits(pruned, x), expected, atol=1e-5, rtol=1e-5)
     pruned.save_pretrained(tmp_path)
-    reloaded = load_pruned_depth(tmp_path)
+    reloaded = load_pruned(tmp_path)
     assert torch.equal(_logits(reloaded, x), _logits(pruned, x))
     prompt = x[:1, :6]
     generated = reloaded.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -199,7 +199,7 @@ def test_zeroed_halves_save_reload_and_generate(tiny_model, tiny_windows, any_ar
     x = tiny_windows(model, n=2, seq_len=12)
     pruned = remove_sublayers(model, [(0, "attn"), (2, "mlp")])  # layer 0: the cache length is read there
     pruned.save_pretrained(tmp_path)
-    reloaded = load_pruned_depth(tmp_path)
+    reloaded = load_pruned(tmp_path)
     assert torch.equal(_logits(reloaded, x), _logits(pruned, x))
     prompt = x[:1, :6]
     generated = reloaded.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)

@@ -104,3 +104,19 @@ def test_bad_folders(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CorruptFileError, match="do not match"):
         load_pruned(folder)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_one_save_route_and_one_load_route_for_depth_sublayer_and_width(arch, tmp_path):
+    """Layers removed, halves zeroed, widths sliced: save_pruned writes each, load_pruned rebuilds each exactly."""
+    model = build_tiny_model(arch, n_layers=4)
+    windows = random_token_windows(model, n=2, seq_len=10)
+    cases = {
+        "depth": remove_blocks(model, [2]),
+        "sublayer": remove_sublayers(model, [(0, "attn"), (3, "mlp")]),
+        "width": prune_width(model, _width_plan(model)),
+    }
+    for name, pruned in cases.items():
+        loaded = load_pruned(save_pruned(pruned, tmp_path / name))
+        assert not loaded.training
+        assert torch.equal(_logits(loaded, windows), _logits(pruned, windows)), name

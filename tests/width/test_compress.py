@@ -12,8 +12,8 @@ from tiny_models import CharTokenizer, build_tiny_model
 
 from cbo.errors import CBOError, CorruptFileError, DataError, InfeasibleError, InvalidOptionError, UnknownNameError
 from cbo.evaluate import count_parameters
+from cbo.pipeline.compression import CompressionReport, compress
 from cbo.surgery.io import load_pruned
-from cbo.width.compress import CompressionReport, compress
 
 TEXT = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife. "
@@ -95,7 +95,7 @@ def test_bad_options_fail_before_any_forward_pass(model):
 
 def test_a_report_file_must_be_a_compression_report(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"format": "cbo.depthreport"}))
-    with pytest.raises(CorruptFileError, match="not a compression report"):
+    with pytest.raises(CorruptFileError, match="not a CompressionReport"):
         CompressionReport.load(tmp_path / "bad.json")
     (tmp_path / "cut.json").write_text(json.dumps({"format": "cbo.compressionreport", "settings": {}}))
     with pytest.raises(CorruptFileError, match="lacks"):
@@ -138,7 +138,7 @@ def test_oneshot_cbo_depth_removes_the_proposers_layers(model):
     """depth="cbo" removes the QUBO's ground-state layers (the proposer, asked independently) and keeps threads."""
     from cbo.blocks import find_blocks
     from cbo.data import make_splits
-    from cbo.width.proposers import CBOProposer
+    from cbo.pipeline.proposers import CBOProposer
 
     splits = make_splits(CharTokenizer(), TEXT, seq_len=24, n_calibration=6, n_validation=3, n_test=3, seed=0)
     threads = torch.get_num_threads()

@@ -9,8 +9,8 @@ from tiny_models import build_tiny_model, random_token_windows
 from cbo.blocks import decoder_layers
 from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters
+from cbo.pipeline.proposers import depth_proposer
 from cbo.width.mop import antepenultimate, mixture_of_pruners
-from cbo.width.proposers import depth_proposer
 from cbo.width.recovery import lm_loss_of, recover
 
 

@@ -10,7 +10,7 @@ import torch
 from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.errors import InfeasibleError, UnknownNameError
-from cbo.width.proposers import Antepenultimate, CBOProposer, depth_proposer
+from cbo.pipeline.proposers import Antepenultimate, CBOProposer, depth_proposer
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cbo.cli import _register, app
+from cbo.cli import app, register_commands
 
 WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
 
@@ -38,7 +38,7 @@ SMALL = ["--seq-len", "16", "--n-calibration", "4", "--n-validation", "2", "--n-
 
 
 def test_compress_oneshot_and_mop(folder, tmp_path):
-    _register()
+    register_commands()
     model, text = folder
     runner = CliRunner()
     out = tmp_path / "pruned"
@@ -59,7 +59,7 @@ def test_compress_oneshot_and_mop(folder, tmp_path):
 
 
 def test_compress_errors_and_score_list(folder):
-    _register()
+    register_commands()
     model, text = folder
     runner = CliRunner()
     res = runner.invoke(app, ["compress", str(model), "--ratio", "1.5", "--text", str(text), *SMALL])
@@ -75,7 +75,7 @@ def test_prune_width_route(folder, tmp_path):
     from cbo.structures import layer_widths
     from cbo.surgery.io import load_pruned
 
-    _register()
+    register_commands()
     model, text = folder
     runner = CliRunner()
     out = tmp_path / "w"

@@ -429,7 +429,9 @@ def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBac
     if problem.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=n_tasks, unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False)
+        bar = tqdm(
+            total=n_tasks, unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False, dynamic_ncols=True
+        )
     totals = {"nodes": 0, "states": 0, "pruned": 0}
     cpu: dict[int, float] = {}  # CPU seconds of each worker process
 

@@ -68,6 +68,7 @@ def enumerate_tasks(
     time_left: Callable[[], float] | None = None,
     share: Callable[[float], float] | None = None,
     progress: Callable[[int], Any] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> TaskResult:
     """Search the subtrees of ``tasks`` (default: all of the plan's) and return the best states found.
 
@@ -89,6 +90,7 @@ def enumerate_tasks(
         share: called between batches with the local K-th best (inf until K states are found);
             returns the threshold to prune with.
         progress: called with the number of tasks finished in each batch.
+        stop: polled while the search runs; True stops it, marked ``interrupted`` (e.g. after Ctrl-C).
     """
     tasks = plan.tasks if tasks is None else np.ascontiguousarray(tasks, dtype=np.int32)
     ntasks = len(tasks)
@@ -108,7 +110,8 @@ def enumerate_tasks(
     thr = np.full(nth * PAD, np.inf)
     stats = np.zeros((nth, NSTATS), dtype=np.int64)
     counter = np.zeros(1, dtype=np.int64)
-    stop = np.zeros(1, dtype=np.int64)
+    halt = np.zeros(1, dtype=np.int64)
+    stop_requested = stop
     failure: list[BaseException] = []
 
     def run_batch(lo: int, hi: int, cap: float) -> None:
@@ -117,13 +120,13 @@ def enumerate_tasks(
             pa, pb, QP, W, woff = pairs
             batch_fused(
                 Q, T, QP, W, woff, pa, pb, r, tasks, lo, hi, counter, use_bound, heap_e, heap_s, heap_n, thr, nth,
-                cap, slack, stats, stop, rx, tl,
+                cap, slack, stats, halt, rx, tl,
             )  # fmt: skip
         else:
             batch_generic(
                 Q, T, r, tasks, lo, hi, counter, use_bound, plan.side, sa["kind"], sa["capk"], sa["size"], sa["pmin"],
                 sa["pmax"], sa["minsum"], sa["maxsum"], sa["avail"], heap_e, heap_s, heap_n, thr, nth, cap, slack,
-                stats, stop, rx,
+                stats, halt, rx,
             )  # fmt: skip
 
     def left() -> float:
@@ -131,7 +134,7 @@ def enumerate_tasks(
 
     def work() -> None:
         # runs in its own thread so that the caller stays responsive to the time limit and Ctrl-C;
-        # the kernels release the GIL and stop within a node of ``stop`` being set
+        # the kernels release the GIL and stop within a node of ``halt`` being set
         try:
             numba.set_num_threads(nth)  # per-thread setting
             cap = min(plan.cap, float(threshold))
@@ -139,12 +142,12 @@ def enumerate_tasks(
             # batches only serve progress reports and threshold sharing (the stop flag handles the
             # time limit); without either, one parallel region runs every task
             batch = ntasks if progress is None and share is None else min(ntasks, 2 * nth)
-            while done < ntasks and stop[0] == 0:
+            while done < ntasks and halt[0] == 0:
                 hi = min(ntasks, done + batch)
                 t0 = time.perf_counter()
                 run_batch(done, hi, cap)
                 dt = time.perf_counter() - t0
-                if stop[0] != 0:
+                if halt[0] != 0:
                     break
                 if progress is not None:
                     progress(hi - done)
@@ -157,7 +160,7 @@ def enumerate_tasks(
                 batch = int(min(max(rate * budget, nth), 4 * step + nth))
         except BaseException as exc:  # re-raised in the caller's thread
             failure.append(exc)
-            stop[0] = 1
+            halt[0] = 1
 
     interrupted = timed_out = False
     worker = threading.Thread(target=work, name="cbo-enumerate", daemon=True)
@@ -165,12 +168,15 @@ def enumerate_tasks(
     try:
         while worker.is_alive():
             worker.join(timeout=POLL_SECONDS)
-            if worker.is_alive() and left() <= 0:
+            if worker.is_alive() and stop_requested is not None and stop_requested():
+                interrupted = True
+                halt[0] = 1
+            elif worker.is_alive() and left() <= 0:
                 timed_out = True
-                stop[0] = 1
+                halt[0] = 1
     except KeyboardInterrupt:
         interrupted = True
-        stop[0] = 1
+        halt[0] = 1
         worker.join()
     if failure:
         raise failure[0]

@@ -1,26 +1,38 @@
-"""The ``enumerate`` solver: exact top-K by branch and bound, on a backend it chooses from its options.
+"""The ``enumerate`` solver: exact top-K by branch and bound, with a strategy and a backend it chooses.
 
-Backends (option ``backend``): ``"local"`` (this process, numba threads: :mod:`search`), ``"ray"``
-(the same search sharded over Ray workers, the same result: :mod:`ray`), ``"gpu"`` (full enumeration
-on a CUDA GPU: :mod:`gpu`). ``backend_options`` hold the backend's own settings (:class:`RayBackend`
-fields for Ray, :class:`GPUOptions` fields for the GPU); a :class:`RayBackend` may be passed as the
-backend itself. Everything is checked before the search starts.
+Strategies (option ``strategy``, :mod:`.strategy`): ``"lexicographic"`` enumeration with prefix bounds
+(:mod:`.plan`, :mod:`.search`) or the ``"relaxation"`` branch and bound (:mod:`.relaxation_run`); ``"auto"``
+chooses from the problem's size. A search that may run long is seeded with the states of ``auto``'s heuristic
+(the relaxation search when its race did not prove the answer in a fraction of a second; the lexicographic one
+before it starts, when its space is beyond :data:`~.strategy.LEXICOGRAPHIC_MAX_STATES`), so a time-limited run
+is never worse than ``auto``.
+
+Backends (option ``backend``): ``"local"`` (this process, numba threads), ``"ray"`` (the lexicographic
+search sharded over Ray workers, the same result: :mod:`ray`), ``"gpu"`` (full enumeration on a CUDA GPU:
+:mod:`gpu`). ``backend_options`` hold the backend's own settings (:class:`RayBackend` fields for Ray,
+:class:`GPUOptions` fields for the GPU); a :class:`RayBackend` may be passed as the backend itself.
+Everything is checked before the search starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numba
+import numpy as np
 
 from cbo.errors import SolverOptionError
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
+from cbo.solvers.enumerate.relaxation_run import enumerate_by_relaxation
 from cbo.solvers.enumerate.search import enumerate_tasks, merge_task_results
+from cbo.solvers.enumerate.strategy import LEXICOGRAPHIC_MAX_STATES, check_strategy, choose_strategy
+from cbo.solvers.heuristic import run_heuristic
 
 #: The backends of the enumerator and the modules that run them (each has ``BACKEND_OPTIONS``, the
 #: dataclass its ``backend_options`` build, and ``run_backend(problem, options, config)``).
@@ -42,19 +54,32 @@ class EnumerateSolver(Solver):
 
     @dataclass
     class Options(SearchOptions):
-        """Settings of the enumerator: the search settings of :class:`SearchOptions`, and
+        """Settings of the enumerator: those of :class:`SearchOptions` (``order``, ``task_depth``,
+        ``batch_seconds``, ``relaxation``, ``relax_iters``, ``relax_min_states`` and ``tail`` concern the
+        lexicographic search only; ``threads``, ``warm_start`` and ``seed_heuristic`` both), and
 
         Attributes:
+            strategy: ``"auto"`` (chosen from the problem, see :mod:`cbo.solvers.enumerate.strategy`),
+                ``"lexicographic"`` or ``"relaxation"`` (the shifted least-squares branch and bound).
+            alpha: the relaxation search's extra shift (> 0, in units of the energy scale); None races
+                a few values and keeps the best.
             backend: ``"local"`` (this process), ``"ray"`` (sharded over Ray workers; the ``ray`` extra),
                 ``"gpu"`` (full enumeration on a CUDA GPU; the ``gpu`` extra), or a ``RayBackend``.
             backend_options: the backend's settings, e.g. ``{"workers": 8}`` for Ray.
         """
 
+        strategy: str = "auto"
+        alpha: float | None = None
         backend: Any = "local"
         backend_options: dict[str, Any] | None = None
 
         def validate(self) -> None:
             super().validate()
+            if self.alpha is not None and not (
+                isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and math.isfinite(self.alpha)
+                and self.alpha > 0
+            ):  # fmt: skip
+                raise SolverOptionError(f"alpha must be a number > 0 (e.g. 0.05) or None, got {self.alpha!r}.")
             if dataclasses.is_dataclass(self.backend) and not isinstance(self.backend, type):
                 ray = backend_module("ray")
                 if not isinstance(self.backend, ray.BACKEND_OPTIONS):
@@ -66,6 +91,7 @@ class EnumerateSolver(Solver):
                 raise SolverOptionError(
                     f"unknown backend {self.backend!r}; valid: {', '.join(map(repr, BACKENDS))} (or a RayBackend)."
                 )
+            check_strategy(self.strategy, bool(self.bound), self.backend)
             if self.backend == "local":
                 if self.backend_options:
                     raise SolverOptionError(f"backend 'local' takes no backend_options, got {self.backend_options!r}.")
@@ -74,7 +100,16 @@ class EnumerateSolver(Solver):
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
         if options.backend == "local":
-            return enumerate_locally(problem, options)
+            n, r = problem.n_free, problem.r
+            if r == 0 or r == n:
+                info = {"states": 1, "nodes": 0, "pruned": 0, "threads": 1}
+                return SolverOutput(only_state(problem), exact=True, info=info)
+            strategy, reason = choose_strategy(problem, options.strategy, bool(options.bound))
+            if strategy == "relaxation":
+                return enumerate_by_relaxation(problem, options, reason)
+            out = enumerate_locally(problem, options)
+            out.info.update(strategy="lexicographic", strategy_reason=reason)
+            return out
         config = backend_config(options.backend, options.backend_options)
         return backend_module(options.backend).run_backend(problem, options, config)
 
@@ -100,18 +135,25 @@ def backend_config(name: str, backend_options: dict[str, Any] | None) -> Any:
 
 
 def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
-    """The exact search in this process on numba threads, with a progress bar when asked for."""
+    """The lexicographic search in this process on numba threads, with a progress bar when asked for.
+
+    A space beyond ``LEXICOGRAPHIC_MAX_STATES`` is seeded with ``auto``'s heuristic first (with
+    ``seed_heuristic``): this search cannot resume with a new threshold, and it may not finish.
+    """
     n, r = problem.n_free, problem.r
     if r == 0 or r == n:
         info = {"states": 1, "nodes": 0, "pruned": 0, "threads": 1}
         return SolverOutput(only_state(problem), exact=True, info=info)
-    plan = plan_enumeration(problem, opts)
+    seeds = None
+    if opts.seed_heuristic and math.comb(n, r) > LEXICOGRAPHIC_MAX_STATES:
+        seeds = run_heuristic(problem).candidates
+    plan = plan_enumeration(problem, opts, seeds=seeds)
     nth = int(opts.threads) if opts.threads is not None else numba.get_num_threads()
     bar = None
     if problem.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({n},{r})", leave=False)
+        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({n},{r})", leave=False, dynamic_ncols=True)
     try:
         res = enumerate_tasks(
             plan,
@@ -119,12 +161,15 @@ def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
             batch_seconds=opts.batch_seconds,
             time_left=problem.time_left,
             progress=None if bar is None else bar.update,
+            stop=lambda: problem.interrupted,
         )
     finally:
         if bar is not None:
             bar.close()
     E, S = merge_task_results(plan, [res])
     info = dict(plan.info)
+    if seeds is not None:
+        info["heuristic_seeds"] = int(np.sum(seeds.sum(1) == problem.remove))
     info.update(
         threads=nth,
         nodes=res.nodes,

@@ -2,7 +2,7 @@
 
 One-shot (``scheduler="oneshot"``): optionally remove whole layers first, chosen by a depth proposer
 (``depth="cbo"``: the ground state of the CBO QUBO; ``depth="antepenultimate"``: layers just before the
-last two, as MoP's depth rule; see :mod:`cbo.width.proposers`), taking ``depth_share`` of the parameter
+last two, as MoP's depth rule; see :mod:`cbo.pipeline.proposers`), taking ``depth_share`` of the parameter
 budget in whole layers, then width-prune the rest with a score plugin (Taylor by default), optionally with
 KL-based calibration selection. MoP (``scheduler="mop"``): the iterative depth-or-width path of
 :mod:`cbo.width.mop`, given the same proposer.
@@ -19,17 +19,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from cbo.errors import CorruptFileError, DataError, InfeasibleError, InvalidOptionError
+from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.extras import require
+from cbo.jsonable import jsonable
+from cbo.pipeline.proposers import depth_proposer
+from cbo.pipeline.reports import Report
 from cbo.width.mop import check_mop_options, mixture_of_pruners
-from cbo.width.proposers import depth_proposer
 from cbo.width.prune import DEFAULT_SCORE, check_width_options, width_prune
 
 torch = require("torch", "compression")
@@ -38,22 +38,16 @@ SCHEDULERS = ("oneshot", "mop")
 REPORT_FORMAT = "cbo.compressionreport"
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
-
-
 @dataclass
-class CompressionReport:
-    """What :func:`compress` did and measured. ``model`` is the compressed model.
+class CompressionReport(Report):
+    """What :func:`compress` did and measured. ``model`` (also ``pruned_model``) is the compressed model.
 
-    Views: :meth:`to_json` (a JSON-serializable dict, no weights), :meth:`save` / :meth:`load` (that JSON),
-    :meth:`table` / :meth:`print` (a rich before/after table), :meth:`summary` (plain text) and
-    :meth:`save_model` (the model, tokenizer and ``report.json`` in one folder).
+    The surface of every pipeline report (:class:`cbo.pipeline.reports.Report`): :meth:`to_json` /
+    :meth:`from_json`, :meth:`save` / :meth:`load`, :meth:`table` / :meth:`print` (with the settings line, the
+    removed layers and the MoP path), :meth:`summary` (plain text) and :meth:`save_model`.
     """
+
+    format: ClassVar[str] = REPORT_FORMAT
 
     model: Any
     settings: dict[str, Any]
@@ -73,6 +67,14 @@ class CompressionReport:
     tokenizer: Any = None
 
     @property
+    def pruned_model(self) -> Any:
+        return self.model
+
+    @pruned_model.setter
+    def pruned_model(self, value: Any) -> None:
+        self.model = value
+
+    @property
     def ratio(self) -> float:
         """Fraction of parameters removed."""
         return 1.0 - self.params_after / self.params_before
@@ -90,42 +92,21 @@ class CompressionReport:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serializable summary (no model weights)."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("model", "tokenizer")}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("model", "tokenizer")}
         out.update(format=REPORT_FORMAT, ratio=self.ratio)
         out.update(speedup_prefill=self.speedup("prefill"), speedup_decode=self.speedup("decode"))
-        return json.loads(json.dumps(out, default=_json_default))
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the JSON report."""
-        path = Path(path)
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        return path
+        return jsonable(out)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> CompressionReport:
-        """Read a report written by :meth:`save` (without the model: ``model`` is None)."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CorruptFileError(f"cannot read a compression report from {str(path)!r}: {exc}") from exc
-        if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
-            raise CorruptFileError(f"{str(path)!r} is not a compression report (format {REPORT_FORMAT!r})")
+    def from_json(cls, data: dict[str, Any]) -> CompressionReport:
+        """The report of a summary written by :meth:`to_json` (``model`` is None)."""
         fields = [f for f in dataclasses.fields(cls) if f.name not in ("model", "tokenizer")]
         names = {f.name for f in fields}
         required = [f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING]
         missing = sorted(n for n in required if n not in data)
         if missing:
-            raise CorruptFileError(f"the compression report {str(path)!r} lacks {missing}")
+            raise KeyError(f"the compression report lacks {missing}")
         return cls(model=None, **{k: v for k, v in data.items() if k in names})
-
-    def save_model(self, directory: str | os.PathLike) -> Path:
-        """Save the compressed model and tokenizer (:func:`cbo.surgery.io.save_pruned`) and ``report.json``."""
-        from cbo.surgery.io import save_pruned
-
-        folder = save_pruned(self.model, directory, self.tokenizer)
-        self.save(folder / "report.json")
-        return folder
 
     def table(self) -> Any:
         """A rich table of parameters, perplexity, KL, agreement and speed, before and after (test split)."""
@@ -224,7 +205,7 @@ def compress(
         text: calibration/evaluation text (see :func:`cbo.data.load_documents`); None = the default Austen text.
         ratio: fraction of the model's parameters to remove, in (0, 1).
         depth: ``none``, ``cbo`` (QUBO ground state) or ``antepenultimate``; with ``scheduler="mop"`` the rule
-            that proposes each step's layer (:func:`cbo.width.proposers.depth_proposer`).
+            that proposes each step's layer (:func:`cbo.pipeline.proposers.depth_proposer`).
         width: width score (default ``taylor`` one-shot, ``amp`` for MoP: the best of each on the default model
             in BENCHMARKS.md).
         scheduler: ``oneshot`` or ``mop``.

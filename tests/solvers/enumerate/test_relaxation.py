@@ -11,7 +11,7 @@ from reference import INSTANCE_KINDS, all_feasible, make_instance
 from cbo.errors import SolverError
 from cbo.instances import fisher_block_qubo
 from cbo.qubo import BlockQUBO
-from cbo.solvers.relaxation import (
+from cbo.solvers.enumerate.relaxation import (
     completion_bound,
     convexity_shift,
     energy_scale,
@@ -21,7 +21,7 @@ from cbo.solvers.relaxation import (
     relaxation_value,
     shor_shift,
 )
-from cbo.solvers.relaxation_search import SubtreeSearch, search_top_k, split
+from cbo.solvers.enumerate.relaxation_search import SubtreeSearch, search_top_k, split
 
 
 def _qubos(n: int, seed: int) -> list[tuple[str, BlockQUBO]]:

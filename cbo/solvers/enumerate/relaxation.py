@@ -29,10 +29,10 @@ convex relaxation of the root, the Shor SDP included, is 0 — the null space le
 every gradient — so the root shift alone does not help there. What proves those instances is the depth
 profile: a uniform extra shift ``α`` (on top of the Shor shift) penalizes the real relaxation for leaving
 ``[0, 1]`` and makes the node bounds grow fast once the free blocks no longer span the null space.
-:mod:`cbo.solvers.relaxation_search` chooses ``α`` by a short race and searches with it.
+:mod:`cbo.solvers.enumerate.relaxation_search` chooses ``α`` by a short race and searches with it.
 
 :func:`completion_bound` is the stateless form of the same bound (any prefix, any candidate set), for a
-caller such as the enumerator; the search uses the incremental form.
+caller that bounds arbitrary prefixes; the search uses the incremental form.
 """
 
 from __future__ import annotations

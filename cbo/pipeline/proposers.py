@@ -2,7 +2,7 @@
 
 A proposer is a callable ``(model, calibration) -> layer index or None`` (the next layer MoP's depth step
 removes; None: no depth candidate, see :mod:`cbo.width.mop`) with a ``layers(model, calibration, n)`` method
-for the one-shot depth part of :func:`cbo.width.compress.compress`:
+for the one-shot depth part of :func:`cbo.pipeline.compression.compress`:
 
 * :class:`Antepenultimate` — MoP's rule: the layers just before the last two;
 * :class:`CBOProposer` — the ground state of the CBO QUBO of the current model (KL Hessian of the layer

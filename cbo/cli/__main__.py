@@ -1,0 +1,5 @@
+"""``python -m cbo.cli``: the ``cbo`` command."""
+
+from cbo.cli import main
+
+main()

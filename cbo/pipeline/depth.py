@@ -1,0 +1,338 @@
+"""End-to-end depth pruning: text → calibration windows → Hessian → QUBO → ranked states → validation →
+surgery → pruned model, with a report that holds the evidence for the choice.
+
+Validation measures the candidates through the one measurer (:class:`cbo.hessian.measure.Measurer`): the
+validation windows run once through the original model and every candidate from the recorded streams, without
+copying the model; only the chosen state is physically removed.
+
+Example:
+    >>> report = prune_depth("smollm2-135m", remove=8, top_k=10, validate=5)   # doctest: +SKIP
+    >>> report.print()                                                          # doctest: +SKIP
+    >>> report.save_model("pruned/")                                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from cbo.errors import CBOError, InfeasibleError
+from cbo.pipeline.inputs import cache_dirs, model_and_tokenizer, token_splits
+from cbo.pipeline.reports import DepthReport, ValidatedState
+from cbo.qubo import BlockQUBO
+
+# the depth estimator used when none is given, chosen from benchmarks/fidelity.py (BENCHMARKS.md): measured
+# single-block removal losses, whose validated excited states beat every baseline at M = 8 and 15 of 30 there
+DEFAULT_ESTIMATOR = "singles"
+
+
+def depth_methods() -> list[str]:
+    """The depth methods ``prune_depth`` accepts: ``cbo`` and every registered baseline of ``cbo.baselines``."""
+    from cbo.baselines import methods
+
+    return ["cbo"] + [m for m in methods() if m != "cbo"]
+
+
+def prune_blocks(model: Any, blocks: Sequence[Any], removed: Iterable[int]) -> Any:
+    """A pruned copy of ``model`` without the given blocks (layer or sublayer indices into ``blocks``)."""
+    from cbo.surgery.depth import remove_blocks, remove_sublayers
+
+    removed = sorted(int(i) for i in removed)
+    if all(blocks[i].kind == "layer" for i in removed):
+        return remove_blocks(model, [blocks[i].layer for i in removed])
+    return remove_sublayers(model, [blocks[i] for i in removed])
+
+
+def check_request(remove: Any, blocks: Sequence[Any], keep: Sequence[int]) -> int:
+    """M checked before any long work: the QUBO's own feasibility check, and something of the model remains."""
+    n = len(blocks)
+    shape = BlockQUBO(np.zeros((n, n)), kinds=[b.kind for b in blocks], sizes=[b.n_params for b in blocks], keep=keep)
+    shape.check_remove(remove)
+    if not 1 <= int(remove) <= n - 1:
+        raise InfeasibleError(f"remove={remove} is out of range: the model has {n} blocks; use 1..{n - 1}.")
+    return int(remove)
+
+
+def prune_depth(
+    model: Any = "smollm2-135m",
+    tokenizer: Any = None,
+    text: Any = None,
+    *,
+    remove: int = 8,
+    estimator: str = DEFAULT_ESTIMATOR,
+    loss: str = "kl",
+    solver: str = "auto",
+    top_k: int = 10,
+    validate: int = 10,
+    granularity: str = "layer",
+    method: str = "cbo",
+    keep: Any = None,
+    seed: int = 0,
+    cache_dir: str | Path | bool | None = True,
+    n_calibration: int = 32,
+    n_validation: int = 32,
+    seq_len: int = 128,
+    batch_size: int = 8,
+    splits: Any = None,
+    estimator_options: dict[str, Any] | None = None,
+    solver_options: dict[str, Any] | None = None,
+    dtype: Any = None,
+    device: Any = "cpu",
+    progress: bool = True,
+) -> DepthReport:
+    """Remove ``remove`` blocks of a causal LM chosen by constrained binary optimization, validated on held-out text.
+
+    Steps: calibration/validation windows (by document) → Hessian of the gates (once, cached on disk) → the
+    ``top_k`` lowest-energy states with exactly ``remove`` blocks removed → the first ``validate`` of them
+    measured on the validation split (KL to the original and perplexity) → the best by validation KL is chosen
+    (the ground state when ``validate=0``) → a pruned copy of the model.
+
+    Args:
+        model: ``"smollm2-135m"``, a local Hugging Face folder or hub id, or a loaded model.
+        tokenizer: the model's tokenizer (loaded with the model when ``model`` is a name).
+        text: the text source (file, folder, .jsonl, list of strings, datasets object); None = the Austen novels.
+        remove: M, the number of blocks to remove.
+        estimator, loss: Hessian estimator (``cbo.hessian.names()``; default ``singles``, measured single-block
+            removals; ``fisher`` is the cheapest) and loss (``"kl"`` or ``"ce"``).
+        solver: a registered solver name (``"auto"`` picks one).
+        top_k: how many low-energy states to rank; validate: how many of them to measure.
+        granularity: ``"layer"`` or ``"sublayer"`` (attention and MLP halves).
+        method: ``"cbo"``, or a baseline of ``cbo.baselines`` (e.g. ``"block_influence"``).
+        keep: blocks never removed (indices or names), e.g. ``[0, 29]``.
+        seed: seeds data sampling, label sampling and randomized solvers.
+        cache_dir: where Hessians and measured validation losses are cached; True = ``CBO_HOME/cache``,
+            None/False = no cache.
+        n_calibration, n_validation, seq_len: windows per split and tokens per window.
+        splits: precomputed ``TokenSplits`` (then ``text`` and the window counts are not used).
+        estimator_options / solver_options: passed to the estimator / solver.
+        dtype, device: used when ``model`` is a name.
+
+    Returns:
+        A :class:`DepthReport`.
+
+    Example:
+        >>> report = prune_depth("smollm2-135m", remove=8, validate=5, keep=[0])   # doctest: +SKIP
+        >>> report.pruned_model.config.num_hidden_layers                          # doctest: +SKIP
+        22
+    """
+    from cbo.blocks import find_blocks, resolve_keep
+    from cbo.evaluate import count_parameters
+    from cbo.hessian import ESTIMATORS
+    from cbo.hessian.losses import check_loss
+    from cbo.solvers import get as get_solver
+
+    timings: dict[str, float] = {}
+    t_start = time.perf_counter()
+    methods = depth_methods()
+    if method not in methods:
+        raise CBOError(f"unknown method {method!r}; valid methods: {methods}.")
+    for label, v, least in (("top_k", top_k, 1), ("validate", validate, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+            raise CBOError(f"{label} must be an integer >= {least}, got {v!r}.")
+
+    t = time.perf_counter()
+    model, tokenizer, model_label = model_and_tokenizer(model, tokenizer, dtype=dtype, device=device)
+    timings["load"] = time.perf_counter() - t
+
+    blocks = find_blocks(model, granularity)
+    keep_idx = resolve_keep(keep, blocks)
+    remove = check_request(remove, blocks, keep_idx)
+    estimator_options = dict(estimator_options or {})
+    if method == "cbo":  # every option checked before the long work starts
+        cls = ESTIMATORS.get(estimator)
+        check_loss(loss)
+        for name, value in (("remove", remove), ("keep", keep_idx)):
+            if name in cls.target_options:
+                estimator_options.setdefault(name, value)
+        ESTIMATORS.make_options(cls, estimator_options)
+        get_solver(solver)
+    hessian_cache, measure_cache = cache_dirs(cache_dir)
+
+    t = time.perf_counter()
+    splits = token_splits(
+        splits, tokenizer, text, model=model, seq_len=seq_len, n_calibration=n_calibration,
+        n_validation=n_validation, n_test=0, seed=seed,
+    )  # fmt: skip
+    if splits.validation.shape[0] == 0 and (validate > 0 or method != "cbo"):
+        raise CBOError("the validation split is empty; give n_validation >= 1 (or validate=0).")
+    timings["data"] = time.perf_counter() - t
+
+    qubo = states = None
+    if method == "cbo":
+        qubo, states = _estimate_and_solve(
+            model, tokenizer, splits, blocks, keep_idx, remove, estimator, loss, solver, top_k, seed, batch_size,
+            hessian_cache, estimator_options, solver_options, progress, timings,
+        )  # fmt: skip
+        candidates = [(s.rank, list(s.removed), s.energy) for s in states]
+    else:
+        from cbo.baselines import select_blocks
+
+        t = time.perf_counter()
+        chosen = select_blocks(
+            method, model, splits, remove, granularity=granularity, keep=keep_idx, batch_size=batch_size,
+            progress=progress,
+        )  # fmt: skip
+        timings["select"] = time.perf_counter() - t
+        candidates = [(None, sorted(int(i) for i in chosen), None)]
+        validate = max(validate, 1)
+
+    t = time.perf_counter()
+    validated, original_metrics, measured, work = [], {}, {}, {}
+    if qubo is not None:
+        work["estimate_forward_equivalents"] = qubo.metadata.get("forward_equivalents")
+    if splits.validation.shape[0]:
+        validation = validate_candidates(
+            model, blocks, splits.validation, candidates, validate, batch_size=batch_size, cache_dir=measure_cache,
+            progress=progress,
+        )  # fmt: skip
+        validated, original_metrics, measured = validation.states, validation.original, validation.metrics
+        work["validation"] = validation.work.to_json()
+    timings["validate"] = time.perf_counter() - t
+    if validated:
+        best = min(validated, key=lambda v: (v.kl if math.isfinite(v.kl) else math.inf, v.rank or 0))
+        chosen_rank, chosen_blocks = best.rank, best.removed
+    else:
+        chosen_rank, chosen_blocks = candidates[0][0], candidates[0][1]
+
+    t = time.perf_counter()
+    pruned_model = prune_blocks(model, blocks, chosen_blocks)
+    timings["prune"] = time.perf_counter() - t
+    pruned_metrics = {}
+    if measured:
+        original_metrics["n_params"] = count_parameters(model)
+        pruned_metrics = {**measured[tuple(sorted(chosen_blocks))], "n_params": count_parameters(pruned_model)}
+    timings["total"] = time.perf_counter() - t_start
+
+    return DepthReport(
+        model_name=model_label,
+        method=method,
+        remove=remove,
+        n_blocks=len(blocks),
+        granularity=granularity,
+        estimator=estimator if method == "cbo" else None,
+        loss=loss if method == "cbo" else None,
+        solver=(states.solver if states is not None else None),
+        qubo=qubo,
+        states=states,
+        validation=validated,
+        chosen_rank=chosen_rank,
+        chosen_blocks=list(chosen_blocks),
+        chosen_names=[blocks[i].name for i in chosen_blocks],
+        pruned_model=pruned_model,
+        tokenizer=tokenizer,
+        original_metrics=original_metrics,
+        pruned_metrics=pruned_metrics,
+        timings=timings,
+        work=work,
+        data_info=dict(getattr(splits, "info", {}) or {}),
+        options={
+            "top_k": top_k,
+            "validate": validate,
+            "keep": keep_idx,
+            "seed": seed,
+            "batch_size": batch_size,
+            "estimator_options": estimator_options,
+            "solver_options": solver_options or {},
+            "requested_solver": solver,
+        },
+    )
+
+
+def _estimate_and_solve(
+    model: Any,
+    tokenizer: Any,
+    splits: Any,
+    blocks: Sequence[Any],
+    keep: list[int],
+    remove: int,
+    estimator: str,
+    loss: str,
+    solver: str,
+    top_k: int,
+    seed: int,
+    batch_size: int,
+    cache: Path | None,
+    estimator_options: dict[str, Any],
+    solver_options: dict[str, Any] | None,
+    progress: bool,
+    timings: dict[str, float],
+) -> tuple[Any, Any]:
+    """The QUBO of the calibration split (cached) and its ``top_k`` ranked states with ``remove`` blocks removed."""
+    from cbo.forward import torch_threads_kept
+    from cbo.hessian import estimate_hessian
+    from cbo.solvers import solve
+
+    t = time.perf_counter()
+    qubo = estimate_hessian(
+        model,
+        tokenizer,
+        splits.calibration,
+        estimator=estimator,
+        loss=loss,
+        blocks=blocks,
+        batch_size=batch_size,
+        seed=seed,
+        cache_dir=cache,
+        progress=progress,
+        **estimator_options,
+    )
+    timings["hessian"] = time.perf_counter() - t
+    if keep:
+        qubo = qubo.with_constraints(keep=keep)
+    t = time.perf_counter()
+    with torch_threads_kept():
+        states = solve(qubo, remove, solver, k=top_k, seed=seed, progress=progress, **(solver_options or {}))
+    timings["solve"] = time.perf_counter() - t
+    return qubo, states
+
+
+@dataclass
+class Validation:
+    """Candidates measured on the validation windows.
+
+    Attributes:
+        states: the validated candidates, in the order given.
+        original: the original model's metrics.
+        metrics: the metrics of every measured set, by sorted block tuple.
+        work: what the measurement cost (:class:`cbo.hessian.measure.Work`).
+    """
+
+    states: list[ValidatedState]
+    original: dict[str, Any]
+    metrics: dict[tuple[int, ...], dict[str, Any]]
+    work: Any
+
+
+def validate_candidates(
+    model: Any,
+    blocks: Sequence[Any],
+    windows: Any,
+    candidates: list[tuple[int | None, list[int], float | None]],
+    validate: int,
+    *,
+    batch_size: int = 8,
+    cache_dir: Path | None = None,
+    progress: bool = False,
+) -> Validation:
+    """The first ``validate`` candidates ``(rank, removed, energy)`` measured on the validation windows through
+    the measurer (no model copies); the first candidate is measured even when ``validate`` is 0 (it is the choice
+    then). ``cache_dir`` keeps the measurements, so an interrupted or repeated validation measures only what is
+    new."""
+    from cbo.hessian.measure import MeasureCache, Measurer
+
+    cache = MeasureCache(cache_dir, model, blocks) if cache_dir is not None else None
+    measurer = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, retain=False, progress=progress)
+    measured = candidates[: max(validate, 1)]
+    out = measurer.losses([removed for _, removed, _ in measured])
+    metrics = {key: out.metrics(k) for k, key in enumerate(out.sets)}
+    states = []
+    for (rank, removed, energy), key in zip(measured[:validate], out.sets):
+        m = metrics[key]
+        names = [blocks[i].name for i in removed]
+        states.append(ValidatedState(rank, list(removed), names, energy, m["kl"], m["ppl"], m["agreement"]))
+    return Validation(states, out.base_metrics(), metrics, measurer.work)

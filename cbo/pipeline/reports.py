@@ -1,0 +1,336 @@
+"""The report family of the pipelines: one base (:class:`Report`) for JSON, files, tables and the pruned model.
+
+Every report is a dataclass that says what a pipeline did and measured and holds the pruned model. The base gives
+each the same surface:
+
+* ``to_json()`` / ``from_json(data)``: a JSON-serializable summary (no weights) and back;
+* ``save(path)`` / ``Report.load(path)``: that summary as a file (``load`` of a folder written by
+  ``save_model`` also loads the model and its tokenizer);
+* ``table()`` / ``print(console)``: a rich table of the evidence;
+* ``save_model(directory)``: the pruned model and tokenizer through the one save route
+  (:func:`cbo.surgery.io.save_pruned`), ``report.json`` and the report's own files (``save_artifacts``).
+
+A subclass sets ``format`` (the ``"format"`` key of its JSON) and implements ``to_json``, ``from_json`` and
+``table``; it keeps the pruned model in ``pruned_model`` and its tokenizer in ``tokenizer``. :class:`DepthReport`
+is ``prune_depth``'s; :class:`cbo.pipeline.compression.CompressionReport` is ``compress``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from cbo.errors import CBOError, CorruptFileError
+from cbo.jsonable import json_number, jsonable
+from cbo.qubo import BlockQUBO
+from cbo.states import RankedStates
+
+
+def fmt_value(v: Any, spec: str = ".4g") -> str:
+    """``v`` formatted with ``spec``, or "None"."""
+    return "None" if v is None else format(v, spec)
+
+
+class Report(ABC):
+    """Base of the pipeline reports (see the module docstring for the surface every report shares)."""
+
+    format: ClassVar[str] = ""
+    report_file: ClassVar[str] = "report.json"
+    pruned_model: Any
+    tokenizer: Any
+
+    @abstractmethod
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serializable summary (no model weights) whose ``"format"`` is the class's ``format``."""
+
+    @classmethod
+    @abstractmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        """The report of a summary written by ``to_json`` (without the model)."""
+
+    @abstractmethod
+    def table(self) -> Any:
+        """A rich table of what the report shows."""
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON summary to ``path``."""
+        path = Path(path)
+        path.write_text(json.dumps(jsonable(self.to_json()), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, with_model: bool = True, **model_kwargs: Any) -> Report:
+        """A report from its JSON file, or from a folder written by ``save_model`` (then with the model).
+
+        Args:
+            path: a ``report.json`` file, or the folder that holds it.
+            with_model: for a folder, also load the pruned model (:func:`cbo.surgery.io.load_pruned`) and its
+                tokenizer.
+            **model_kwargs: passed to ``load_pruned`` (``dtype``, ``device_map``, ...).
+
+        Raises:
+            CorruptFileError: the file is not readable JSON or not a report of this kind.
+        """
+        path = Path(path)
+        folder = path if path.is_dir() else None
+        file = folder / cls.report_file if folder is not None else path
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CorruptFileError(f"cannot read a report from {str(file)!r}: {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != cls.format:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise CorruptFileError(
+                f"{str(file)!r} is not a {cls.__name__} (format {found!r}, expected {cls.format!r})."
+            )
+        try:
+            report = cls.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptFileError(f"the report in {str(file)!r} is incomplete or edited: {exc!r}") from exc
+        if folder is not None and with_model and (folder / "config.json").is_file():
+            from cbo.surgery.io import load_pruned, load_tokenizer
+
+            report.pruned_model = load_pruned(folder, **model_kwargs)
+            report.tokenizer = load_tokenizer(folder)
+        return report
+
+    def save_artifacts(self, directory: Path) -> list[Path]:
+        """Write the report's own files beside the model (none by default); returns them."""
+        return []
+
+    def save_model(self, directory: str | Path) -> Path:
+        """Save the pruned model and tokenizer (:func:`cbo.surgery.io.save_pruned`), the report and its files."""
+        from cbo.surgery.io import save_pruned
+
+        if self.pruned_model is None:
+            raise CBOError("this report holds no model (it was loaded from its JSON alone); nothing to save.")
+        directory = save_pruned(self.pruned_model, directory, self.tokenizer)
+        self.save(directory / self.report_file)
+        self.save_artifacts(directory)
+        return directory
+
+    # ------------------------------------------------------------------ display
+    def print(self, console: Any = None) -> None:
+        from rich.console import Console
+
+        (console or Console()).print(self.table())
+
+
+@dataclass
+class ValidatedState:
+    """One candidate removal set measured on the validation split."""
+
+    rank: int | None  # energy rank (None for a baseline's selection)
+    removed: list[int]
+    removed_names: list[str]
+    energy: float | None
+    kl: float
+    ppl: float
+    agreement: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "removed": list(self.removed),
+            "removed_names": list(self.removed_names),
+            "energy": self.energy,
+            "kl": json_number(self.kl),
+            "ppl": json_number(self.ppl),
+            "agreement": self.agreement,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ValidatedState:
+        number = lambda v: None if v is None else float(v)  # noqa: E731 - "inf" strings come back as floats
+        return cls(
+            data["rank"],
+            [int(i) for i in data["removed"]],
+            list(data["removed_names"]),
+            number(data["energy"]),
+            float(data["kl"]),
+            float(data["ppl"]),
+            number(data["agreement"]),
+        )
+
+
+@dataclass
+class DepthReport(Report):
+    """Everything ``prune_depth`` did: the QUBO, the ranked states, their validation, the choice and the model.
+
+    Attributes:
+        qubo / states: the energy and its ranked low-energy states (None for a baseline method).
+        validation: the validated candidates, in energy order.
+        chosen_rank: energy rank of the chosen state (None for a baseline).
+        chosen_blocks / chosen_names: the removed blocks.
+        pruned_model / tokenizer: the pruned model (a new object; the original is untouched) and its tokenizer.
+        original_metrics / pruned_metrics: perplexity, KL to the original, agreement and parameters on the
+            validation split.
+        timings: seconds per step.
+        work: forward-pass equivalents spent: the estimate (relative to one forward over the calibration
+            windows) and the validation (:class:`cbo.hessian.measure.Work`, relative to the validation windows).
+    """
+
+    format: ClassVar[str] = "cbo.depthreport"
+
+    model_name: str
+    method: str
+    remove: int
+    n_blocks: int
+    granularity: str
+    estimator: str | None
+    loss: str | None
+    solver: str | None
+    qubo: BlockQUBO | None
+    states: RankedStates | None
+    validation: list[ValidatedState]
+    chosen_rank: int | None
+    chosen_blocks: list[int]
+    chosen_names: list[str]
+    pruned_model: Any
+    tokenizer: Any
+    original_metrics: dict[str, Any]
+    pruned_metrics: dict[str, Any]
+    timings: dict[str, float]
+    work: dict[str, Any] = field(default_factory=dict)
+    data_info: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def chosen(self) -> ValidatedState | None:
+        for v in self.validation:
+            if v.removed == self.chosen_blocks:
+                return v
+        return None
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serializable summary (no model weights)."""
+        q = self.qubo
+        return jsonable(
+            {
+                "format": self.format,
+                "model": self.model_name,
+                "method": self.method,
+                "remove": self.remove,
+                "n_blocks": self.n_blocks,
+                "granularity": self.granularity,
+                "estimator": self.estimator,
+                "loss": self.loss,
+                "solver": self.solver,
+                "chosen": {"rank": self.chosen_rank, "removed": self.chosen_blocks, "removed_names": self.chosen_names},
+                "validation": [v.to_json() for v in self.validation],
+                "original": self.original_metrics,
+                "pruned": self.pruned_metrics,
+                "states": self.states.to_json() if self.states is not None else None,
+                "qubo": None
+                if q is None
+                else {
+                    "names": list(q.names),
+                    "kinds": list(q.kinds),
+                    "sizes": [int(s) for s in q.sizes],
+                    "H": q.H.tolist(),
+                    "g": q.g.tolist(),
+                    "keep": list(q.constraints.keep),
+                    "metadata": q.metadata,
+                },
+                "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+                "work": self.work,
+                "data": self.data_info,
+                "options": self.options,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DepthReport:
+        q = data.get("qubo")
+        qubo = None
+        if q is not None:
+            qubo = BlockQUBO(
+                q["H"], q["g"], names=q["names"], kinds=q["kinds"], sizes=q["sizes"], keep=q.get("keep", ()),
+                metadata=q["metadata"],
+            )  # fmt: skip
+        chosen = data["chosen"]
+        return cls(
+            model_name=data["model"],
+            method=data["method"],
+            remove=int(data["remove"]),
+            n_blocks=int(data["n_blocks"]),
+            granularity=data["granularity"],
+            estimator=data["estimator"],
+            loss=data["loss"],
+            solver=data["solver"],
+            qubo=qubo,
+            states=RankedStates.from_json(data["states"]) if data.get("states") is not None else None,
+            validation=[ValidatedState.from_json(v) for v in data["validation"]],
+            chosen_rank=chosen["rank"],
+            chosen_blocks=[int(i) for i in chosen["removed"]],
+            chosen_names=list(chosen["removed_names"]),
+            pruned_model=None,
+            tokenizer=None,
+            original_metrics=dict(data["original"]),
+            pruned_metrics=dict(data["pruned"]),
+            timings={k: float(v) for k, v in data["timings_s"].items()},
+            work=dict(data.get("work") or {}),
+            data_info=dict(data.get("data") or {}),
+            options=dict(data.get("options") or {}),
+        )
+
+    def save_artifacts(self, directory: Path) -> list[Path]:
+        """The QUBO beside the model (``qubo.cboq``)."""
+        return [self.qubo.save(directory / "qubo.cboq")] if self.qubo is not None else []
+
+    # ------------------------------------------------------------------ display
+    def table(self) -> Any:
+        """A rich table: rank, removed blocks, energy, validated KL / PPL / agreement; the choice marked."""
+        from rich.table import Table
+
+        validated = {v.rank: v for v in self.validation}
+        title = f"{self.model_name}: remove {self.remove} of {self.n_blocks} {self.granularity} blocks — " + (
+            f"{self.estimator}/{self.loss} Hessian, solver {self.solver}" if self.method == "cbo" else self.method
+        )
+        table = Table(title=title)
+        for col, just in (
+            ("rank", "right"),
+            ("removed blocks", "left"),
+            ("energy", "right"),
+            ("val KL", "right"),
+            ("val PPL", "right"),
+            ("agree", "right"),
+            ("", "left"),
+        ):
+            table.add_column(col, justify=just)
+        if self.states is not None:
+            rows = [(s.rank, list(s.removed), s.energy) for s in self.states]
+        else:
+            rows = [(None, self.chosen_blocks, None)]
+        for rank, removed, energy in rows:
+            v = validated.get(rank)
+            chosen = removed == self.chosen_blocks
+            table.add_row(
+                "–" if rank is None else str(rank),
+                ",".join(map(str, removed)),
+                "–" if energy is None else f"{energy:.5g}",
+                "–" if v is None else f"{v.kl:.4f}",
+                "–" if v is None else f"{v.ppl:.2f}",
+                "–" if v is None or v.agreement is None else f"{v.agreement:.3f}",
+                "[bold green]◀ chosen[/]" if chosen else "",
+                style="bold" if chosen else None,
+            )
+        o, p = self.original_metrics, self.pruned_metrics
+        table.caption = (
+            f"validation: original PPL {o.get('ppl', float('nan')):.2f} → pruned PPL {p.get('ppl', float('nan')):.2f}, "
+            f"KL {p.get('kl') if p.get('kl') is None else round(p['kl'], 4)}; "
+            f"params {o.get('n_params', 0) / 1e6:.1f}M → {p.get('n_params', 0) / 1e6:.1f}M"
+        )
+        return table
+
+    def __repr__(self) -> str:
+        return (
+            f"DepthReport(model={self.model_name!r}, method={self.method!r}, remove={self.remove}/{self.n_blocks}, "
+            f"chosen_rank={self.chosen_rank}, chosen={self.chosen_blocks}, "
+            f"val_kl={fmt_value(self.pruned_metrics.get('kl'))}, val_ppl={fmt_value(self.pruned_metrics.get('ppl'))})"
+        )
