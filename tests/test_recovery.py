@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import pytest
 import torch
@@ -232,17 +233,8 @@ def test_checkpoints_of_another_heal_are_refused(teacher, windows, tmp_path):
 
 
 def test_lora_without_peft_names_the_extra(teacher, windows, monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_peft(name, *args, **kwargs):
-        if name == "peft" or name.startswith("peft."):
-            raise ImportError("No module named 'peft'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_peft)
-    monkeypatch.delitem(__import__("sys").modules, "peft", raising=False)
+    # None in sys.modules makes every import of peft fail, whether or not an earlier test imported it
+    monkeypatch.setitem(sys.modules, "peft", None)
     with pytest.raises(CBOError, match=r"pip install 'cbo\[peft\]'"):
         heal(depth_pruned(teacher), teacher, windows, steps=2, method="lora")
 
