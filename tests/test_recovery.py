@@ -220,8 +220,17 @@ def test_checkpoints_of_another_heal_are_refused(teacher, windows, tmp_path):
         heal(remove_blocks(teacher, [0]), teacher, windows, steps=2, method="lora", lr=1e-2, batch_size=4,
              checkpoint_dir=ckpt, resume=True)  # fmt: skip
     with pytest.raises(InvalidOptionError, match="different heal .*steps: checkpoint 2 vs now 3"):
-        heal(depth_pruned(teacher), teacher, windows, steps=3, method="lora", lr=1e-2, batch_size=4,
-             checkpoint_dir=ckpt, resume=True)  # fmt: skip  (a linear schedule depends on the step count)
+        heal(
+            depth_pruned(teacher),
+            teacher,
+            windows,
+            steps=3,
+            method="lora",
+            lr=1e-2,
+            batch_size=4,
+            checkpoint_dir=ckpt,
+            resume=True,
+        )  # fmt: skip  (a linear schedule depends on the step count)
     constant = dict(method="full", lr=1e-3, batch_size=4, schedule="constant", checkpoint_dir=tmp_path / "constant")
     heal(depth_pruned(teacher), teacher, windows, steps=2, **constant)
     with pytest.raises(InvalidOptionError, match="2 steps done, more than steps=1"):
@@ -247,3 +256,26 @@ def test_the_student_is_trained_in_place_and_the_teacher_is_not(teacher, windows
     assert result.model is student
     assert any(not torch.equal(p, q) for p, q in zip(student.parameters(), copy_before.parameters()))
     assert all(torch.equal(p, before_teacher[n]) for n, p in teacher.named_parameters())
+
+
+def test_the_readme_heal_example_runs(teacher, windows, tmp_path, monkeypatch):
+    """The README's healing example, run as written on a tiny model (its names bound to tiny stand-ins)."""
+    import re
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"<!-- heal-example[^>]*-->\s*```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    pruned = depth_pruned(teacher)
+    scope = {"pruned": pruned, "teacher": teacher, "splits": SimpleNamespace(calibration=windows), "tokenizer": None}
+    exec(compile(code, "README.md", "exec"), scope)
+    result = scope["result"]
+    ref = reference_logits(teacher, windows)
+    assert result.steps == 50
+    assert kl_to_reference(result.model, windows, ref) < kl_to_reference(depth_pruned(teacher), windows, ref)
+    assert (tmp_path / "heal-ckpt" / CHECKPOINT_FILE).is_file()
+    reloaded = load_pruned(tmp_path / "healed")
+    batch = windows[:2]
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=batch).logits, result.model(input_ids=batch).logits)
