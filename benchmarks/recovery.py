@@ -55,6 +55,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-train", type=int, default=None, help="calibration windows the heal trains on (default 64)")
     p.add_argument("--n-validation", type=int, default=None)
     p.add_argument("--n-test", type=int, default=None)
+    p.add_argument(
+        "--pipeline-windows",
+        type=int,
+        nargs=3,
+        default=None,
+        metavar=("CAL", "VAL", "SEQ"),
+        help="prune_depth's calibration and validation windows and tokens per window (default: its own, 32 32 128)",
+    )
     p.add_argument("--estimator", default=None, help="prune_depth's estimator (default: its own; --quick: fisher)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
@@ -68,8 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in base.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.estimator is None and args.quick:
-        args.estimator = "fisher"
+    if args.quick:  # the cheapest estimator, on tiny pipeline splits of the heal's sizes
+        args.estimator = args.estimator or "fisher"
+        args.pipeline_windows = args.pipeline_windows or [args.n_train, args.n_validation, args.seq_len]
     if args.top < 2:
         p.error("--top must be at least 2 (rank correlations need two states)")
     return args
@@ -78,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What decides a row; rows of other settings in an existing JSON are not reused."""
     keys = ("model", "quick", "steps", "batch_size", "method", "lr", "seq_len", "n_train", "n_validation")
-    return {k: getattr(args, k) for k in (*keys, "n_test", "estimator", "seed")}
+    return {k: getattr(args, k) for k in (*keys, "n_test", "estimator", "pipeline_windows", "seed")}
 
 
 def measure(model: Any, splits: Any, refs: dict[str, Any]) -> dict[str, float]:
@@ -198,8 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
         depth_options["estimator"] = args.estimator
     if args.hessian_cache:
         depth_options["cache_dir"] = args.hessian_cache
-    if args.quick:  # tiny pipeline splits of the same sizes as the heal's, so no cached Hessian is needed
-        depth_options |= dict(n_calibration=args.n_train, n_validation=args.n_validation, seq_len=args.seq_len)
+    if args.pipeline_windows:
+        cal, val, seq = args.pipeline_windows
+        depth_options |= dict(n_calibration=cal, n_validation=val, seq_len=seq)
     for m in args.removes:
         key = str(m)
         block = result["per_m"].setdefault(key, {"rows": []})
