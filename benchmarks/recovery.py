@@ -16,7 +16,7 @@ resumes where it stopped, mid-heal included; ``--report`` rewrites the Markdown 
 Usage:
     python benchmarks/recovery.py --threads 1                      # M = 8 and 15, top 5, the default budget
     python benchmarks/recovery.py --removes 8 --top 3 --steps 20   # smaller
-    python benchmarks/recovery.py --quick --out /tmp/rq            # a minute: fisher estimator, tiny splits
+    python benchmarks/recovery.py --quick --out /tmp/rq            # about a CPU-minute: fisher, tiny splits
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs=3,
         default=None,
         metavar=("CAL", "VAL", "SEQ"),
-        help="prune_depth's calibration and validation windows and tokens per window (default: its own, 32 32 128)",
+        help="prune_depth's calibration and validation windows and tokens per window (default: its own, 32 32 128; --quick: the heal's splits)",
     )
     p.add_argument("--estimator", default=None, help="prune_depth's estimator (default: its own; --quick: fisher)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -76,9 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in base.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.quick:  # the cheapest estimator, on tiny pipeline splits of the heal's sizes
+    if args.quick:  # the cheapest estimator
         args.estimator = args.estimator or "fisher"
-        args.pipeline_windows = args.pipeline_windows or [args.n_train, args.n_validation, args.seq_len]
     if args.top < 2:
         p.error("--top must be at least 2 (rank correlations need two states)")
     return args
@@ -207,13 +206,15 @@ def main(argv: list[str] | None = None) -> dict:
         depth_options["estimator"] = args.estimator
     if args.hessian_cache:
         depth_options["cache_dir"] = args.hessian_cache
-    if args.pipeline_windows:
+    if args.quick:  # the pipeline on the heal's own tiny splits (no second pass over the text)
+        depth_options["splits"] = splits
+    elif args.pipeline_windows:
         cal, val, seq = args.pipeline_windows
         depth_options |= dict(n_calibration=cal, n_validation=val, seq_len=seq)
     for m in args.removes:
         key = str(m)
         block = result["per_m"].setdefault(key, {"rows": []})
-        k = max(10, args.top)
+        k = args.top if args.quick else max(10, args.top)  # the default pipeline ranks and validates 10
         t0 = time.perf_counter()
         report = cbo.prune_depth(model, tok, remove=m, top_k=k, validate=k, **depth_options)
         block["pipeline_seconds"] = time.perf_counter() - t0

@@ -42,7 +42,7 @@ def test_mop_budget_counts_every_candidate_and_the_final_steps():
 def test_recovery_bench_quick(installed, tmp_path):
     out = tmp_path / "rq"
     args = ["--quick", "--threads", "1", "--no-progress", "--out", str(out), "--checkpoints", str(tmp_path / "c")]
-    run_script("recovery.py", *args, "--hessian-cache", str(tmp_path / "h"), timeout=900)
+    run_script("recovery.py", *args, "--hessian-cache", str(tmp_path / "h"))
     data = json.loads((out / "recovery.json").read_text())
     block = data["per_m"]["4"]
     assert len(block["rows"]) == 2 and block["correlations"]["n"] == 2
