@@ -91,6 +91,8 @@ def test_bad_input_is_refused_before_any_work(folders, tmp_path):
     for extra, message in cases:
         res = runner.invoke(app, heal_args(folders, tmp_path / "o", *extra))
         assert res.exit_code == 2 and message in res.output, res.output
+    res = runner.invoke(app, [*heal_args(folders, tmp_path / "o", "--steps", "2"), "--text", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "does not exist" in res.output
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")

@@ -82,6 +82,8 @@ def heal(
             raise InvalidOptionError(f"--seq-len must be >= 2 and --n-calibration >= 1, got {seq_len}, {n_calibration}")
         if not (pruned / "config.json").is_file():
             raise InvalidOptionError(f"{str(pruned)!r} is not a saved model folder (no config.json)")
+        if text is not None and not Path(text).exists():
+            raise InvalidOptionError(f"--text {text!r} does not exist; give a text file, a folder or a .jsonl")
         check_out(out, resume)
     except CBOError as exc:
         fail(exc)
