@@ -57,6 +57,7 @@ def test_recovery_bench_quick(installed, tmp_path):
 
 
 @pytest.mark.model
+@pytest.mark.slow
 def test_mop_recovery_bench_quick(installed, tmp_path):
     out = tmp_path / "mq"
     run_script("mop_recovery.py", "--quick", "--threads", "1", "--proposers", "antepenultimate", "--out", str(out))
