@@ -7,9 +7,9 @@ removed with :func:`cbo.surgery.depth.remove_blocks` and evaluated in memory thr
 :func:`cbo.evaluate_tasks`. The defaults are the M = 8 sets of BENCHMARKS.md: CBO's default (``singles``, best
 of the top-10 validated) and block influence (ShortGPT).
 
-    .venv/bin/python benchmarks/downstream.py                       # all items (274 cloze, 500 choice)
-    .venv/bin/python benchmarks/downstream.py --limit 50 --threads 1
-    .venv/bin/python benchmarks/downstream.py --remove "4,5,13,14,15,16,17,18" --json out.json
+    .venv/bin/python -m benchmarks.downstream                       # all items (274 cloze, 500 choice)
+    .venv/bin/python -m benchmarks.downstream --limit 50 --threads 1
+    .venv/bin/python -m benchmarks.downstream --remove "4,5,13,14,15,16,17,18" --json out.json
 """
 
 from __future__ import annotations

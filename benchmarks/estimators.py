@@ -15,10 +15,10 @@ Estimators come from the registry (``cbo.hessian.names()``) or ``--estimators``,
 without code changes. Specs: ``name[:key=value...]`` with ``windows`` (calibration windows), ``loss`` (overrides
 ``--losses`` for that spec), ``batch_size``, ``label``; other keys are estimator options.
 
-    .venv/bin/python benchmarks/estimators.py                   # default run (see BENCHMARKS.md for its time)
-    .venv/bin/python benchmarks/estimators.py --quick           # the test suite's run
-    .venv/bin/python benchmarks/estimators.py --estimators fisher,pairwise:windows=8:couplings=raw --losses kl
-    .venv/bin/python benchmarks/estimators.py --estimators paper --losses ce --calibration-sizes 32,256,2048
+    .venv/bin/python -m benchmarks.estimators                   # default run (see BENCHMARKS.md for its time)
+    .venv/bin/python -m benchmarks.estimators --quick           # the test suite's run
+    .venv/bin/python -m benchmarks.estimators --estimators fisher,pairwise:windows=8:couplings=raw --losses kl
+    .venv/bin/python -m benchmarks.estimators --estimators paper --losses ce --calibration-sizes 32,256,2048
 
 ``--calibration-sizes`` gives the ``paper`` estimator one row per size: its QUBOs come from the nested run of
 ``benchmarks/paper_sizes.py`` (a shuffled pool of calibration windows, the first n of them), read from

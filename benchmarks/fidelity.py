@@ -15,10 +15,10 @@ split whatever asks for it, and an interrupted run resumes. SLEB and PPL are com
 (calibration cross-entropy of the pruned model, as ``cbo.baselines`` defines them; ``--check`` compares with
 ``cbo.baselines`` on the first steps).
 
-    .venv/bin/python benchmarks/fidelity.py                       # the full comparison (hours on 2 busy cores)
-    .venv/bin/python benchmarks/fidelity.py --quick               # a few minutes: 2+2 windows, M = 4
-    .venv/bin/python benchmarks/fidelity.py --variants fisher,hybrid --remove 8
-    .venv/bin/python benchmarks/fidelity.py --variants singles --calibration-sizes 32,256,2048   # + paper-n32, ...
+    .venv/bin/python -m benchmarks.fidelity                       # the full comparison (hours on 2 busy cores)
+    .venv/bin/python -m benchmarks.fidelity --quick               # a few minutes: 2+2 windows, M = 4
+    .venv/bin/python -m benchmarks.fidelity --variants fisher,hybrid --remove 8
+    .venv/bin/python -m benchmarks.fidelity --variants singles --calibration-sizes 32,256,2048   # + paper-n32, ...
 
 ``--calibration-sizes`` adds the ``paper`` estimator (the CBO paper's recipe) at each size as variant
 ``paper-n{size}``: its QUBO from the first n windows of a shuffled pool of calibration windows, read from the

@@ -10,8 +10,8 @@ windows (``batch_size`` must divide every size). Each size's QUBO is written as 
 cumulative sums every ``--chunk`` sequences are kept (``chunks.npz``) so that disjoint chunks of the pool give
 independent estimates at small n (the estimator's sampling spread).
 
-    .venv/bin/python benchmarks/paper_sizes.py --sizes 32,256,2048          # hours on one busy core
-    .venv/bin/python benchmarks/paper_sizes.py --sizes 32 --out /tmp/paper   # one small estimate
+    .venv/bin/python -m benchmarks.paper_sizes --sizes 32,256,2048          # hours on one busy core
+    .venv/bin/python -m benchmarks.paper_sizes --sizes 32 --out /tmp/paper   # one small estimate
 """
 
 from __future__ import annotations

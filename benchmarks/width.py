@@ -1,22 +1,26 @@
-"""Width pruning on the default model (SmolLM2-135M): every score, AFR ablations, one-shot vs MoP.
+"""Width pruning on the default model (SmolLM2-135M): every score, AFR as published and its ablations, MoP.
 
 For each parameter-reduction ratio (fraction of *all* parameters, embeddings included) it prunes the model
-with magnitude, Taylor (absolute), AFR-structured (all three fixes, then each switched off in turn), NTK
-(NIRVANA), AMP (uniform per layer, its default, and with the global ranking), CBO depth + NTK width
-(one-shot), and the MoP scheduler (AMP width, antepenultimate depth, KL criterion), then reports held-out
-perplexity, KL to the original and next-token agreement on the test split, and measured prefill / decode
-tokens/s (:func:`cbo.evaluate.throughput`); at the end a few models are re-timed round-robin so that load
-on a shared machine hits them alike.
+with magnitude, Taylor (absolute), AFR (the published recipe, then the earlier aggregation and each step
+switched off in turn, see :data:`AFR_VARIANTS`), NTK (NIRVANA), AMP (uniform per layer, its default, and with
+the global ranking), CBO depth + NTK width (one-shot), and the MoP scheduler without recovery (AMP width,
+antepenultimate depth, KL criterion; MoP with recovery is ``benchmarks/mop_recovery.py``), then reports
+held-out perplexity, KL to the original and next-token agreement on the test split, and measured prefill /
+decode tokens/s (:func:`cbo.evaluate.throughput`); at the end a few models are re-timed round-robin so that
+load on a shared machine hits them alike.
+
+With ``--json``, the file also holds diagnostics of where two scores differ: each method's kept fraction of
+heads and neurons per layer, the per-layer distribution of every score's unit importances (quantiles), and
+the within-layer Spearman correlation of every score with Taylor; ``--plot`` draws the per-layer allocation.
 
 Data (default Austen splits of :func:`cbo.data.make_splits`): calibration 8 windows x 128 tokens (Emma),
 control 4 x 128 (validation novel; MoP criterion), test 16 x 128 (Persuasion). Scores are computed once and
 allocated for every ratio; the AFR variants share one set of calibration passes.
 
 Usage:
-    python benchmarks/width.py                  # default run (~30 CPU-minutes with 1 thread; measured on a shared box)
-    python benchmarks/width.py --quick          # ~1 CPU-minute: ratio 0.1, tiny splits, fewer methods
-    python benchmarks/width.py --methods ntk,amp --threads 2
-    python benchmarks/width.py --json out.json  # also write the rows as JSON
+    python -m benchmarks.width                  # default run (~30 CPU-minutes with 1 thread; measured on a shared box)
+    python -m benchmarks.width --quick          # ~1 CPU-minute: ratio 0.1, tiny splits, fewer methods
+    python -m benchmarks.width --methods taylor,afr,ntk,amp --no-speed --json out.json --plot alloc.png
 """
 
 from __future__ import annotations
@@ -41,13 +45,17 @@ from cbo.surgery.width import prune_width
 from cbo.width.allocate import allocate
 from cbo.width.mop import mixture_of_pruners
 from cbo.width.scores import score_units, score_variants
+from cbo.width.scores.afr import EARLIER_OPTIONS
 
 METHODS = ("magnitude", "taylor", "afr", "ntk", "amp", "cbo-depth", "mop")
+# the published AFR first (its options drive the shared calibration passes), then the ablations
 AFR_VARIANTS = {
     "afr": {},
+    "afr (earlier aggregation)": EARLIER_OPTIONS,
     "afr -power": {"power": False},
     "afr -clip": {"clip": False},
-    "afr -sign": {"sign": False},
+    "afr, gradient score only": {"companion": "none", "p": 0.5},
+    "afr, scale-only standardization": {"standardize": "scale"},
 }
 
 
@@ -67,7 +75,8 @@ def parse_args(argv=None):
         help=f"comma-separated subset of {','.join(METHODS)} (default: all)",
     )
     p.add_argument("--mop-cbo", action="store_true", help="also run MoP with CBO depth candidates (slower)")
-    p.add_argument("--json", type=Path, default=None, help="write the rows here")
+    p.add_argument("--json", type=Path, default=None, help="write the rows and the diagnostics here")
+    p.add_argument("--plot", type=Path, default=None, help="draw the per-layer allocation of each method here (PNG)")
     p.add_argument(
         "--speed-rounds",
         type=int,
@@ -215,7 +224,7 @@ def main(argv=None) -> list[dict]:
                     ref,
                     speed,
                     t_score + time.perf_counter() - t0,
-                    {"allocation": alloc.allocation},
+                    {"allocation": alloc.allocation, "kept": kept_fractions(s, alloc)},
                 )
             )
             if label in ("ntk", "amp (uniform)"):
@@ -261,10 +270,105 @@ def main(argv=None) -> list[dict]:
             keep((label, ratio), result.model)
     interleaved = retime(kept, speed, cfg["speed_rounds"]) if speed and cfg["speed_rounds"] and len(kept) > 1 else []
     print(f"total {time.perf_counter() - t_all:.0f} s")
+    diagnostics = score_diagnostics(scored)
+    print_diagnostics(diagnostics)
     if args.json:
-        out = {"settings": cfg, "data": splits.info, "rows": rows, "speed_interleaved": interleaved}
+        out = {
+            "settings": cfg,
+            "data": splits.info,
+            "rows": rows,
+            "speed_interleaved": interleaved,
+            "diagnostics": diagnostics,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    if args.plot:
+        plot_allocation(rows, args.plot)
     return rows
+
+
+# ------------------------------------------------------------------------------------------ diagnostics
+
+
+def kept_fractions(scores, alloc) -> dict[str, float]:
+    """Fraction of the units kept per ``"layer.kind"``."""
+    return {f"{k[0]}.{k[1]}": alloc.kept[k] / scores.units[k].n for k in scores.keys()}
+
+
+def score_diagnostics(scored: list) -> dict:
+    """Per score: the quantiles of its unit importances in every layer, and its within-layer Spearman
+    correlation with Taylor (where Taylor was scored)."""
+    from cbo.stats import spearman
+
+    qs = (0.05, 0.25, 0.5, 0.75, 0.95)
+    taylor = next((s for label, s, _, _ in scored if label == "taylor"), None)
+    out: dict = {}
+    seen = set()
+    for label, s, _, _ in scored:
+        if id(s) in seen:
+            continue  # AMP's two allocations share one set of scores
+        seen.add(id(s))
+        per_layer = {}
+        for key in s.keys():
+            v = s.values[key].detach().double().cpu()
+            entry = {"quantiles": [float(x) for x in torch.quantile(v, torch.tensor(qs, dtype=v.dtype))]}
+            entry["negative_fraction"] = float((v < 0).double().mean())
+            if taylor is not None and label != "taylor" and v.numel() > 2:
+                entry["spearman_vs_taylor"] = spearman(v.tolist(), taylor.values[key].double().cpu().tolist())
+            per_layer[f"{key[0]}.{key[1]}"] = entry
+        out[label] = {"quantiles_at": list(qs), "layers": per_layer}
+        if s.info.get("p"):
+            ps = list(s.info["p"].values())
+            out[label]["p"] = {"min": min(ps), "median": statistics.median(ps), "max": max(ps)}
+    return out
+
+
+def print_diagnostics(diagnostics: dict) -> None:
+    """Median within-layer Spearman correlation with Taylor, per score and kind."""
+    lines = []
+    for label, d in diagnostics.items():
+        parts = []
+        for kind in ("attention", "mlp"):
+            rho = [
+                e["spearman_vs_taylor"]
+                for k, e in d["layers"].items()
+                if k.endswith(kind) and "spearman_vs_taylor" in e
+            ]
+            if rho:
+                parts.append(f"{kind} {statistics.median(rho):+.2f}")
+        if parts:
+            p = f"; p median {d['p']['median']:.3f}" if "p" in d else ""
+            lines.append(f"  {label:<34} within-layer Spearman vs Taylor (median over layers): {', '.join(parts)}{p}")
+    if lines:
+        print("\nscore diagnostics\n" + "\n".join(lines))
+
+
+def plot_allocation(rows: list[dict], path: Path) -> None:
+    """Kept fraction of MLP neurons and attention units per layer, one panel per (ratio, kind), one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = sorted({r["ratio"] for r in rows if "kept" in r})
+    fig, axes = plt.subplots(len(ratios), 2, figsize=(12, 3.2 * len(ratios)), squeeze=False, layout="constrained")
+    for i, ratio in enumerate(ratios):
+        for j, kind in enumerate(("mlp", "attention")):
+            ax = axes[i][j]
+            for r in rows:
+                if r["ratio"] != ratio or "kept" not in r:
+                    continue
+                pts = sorted((int(k.split(".")[0]), v) for k, v in r["kept"].items() if k.endswith(kind))
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"{r['method']} (PPL {r['ppl']:.3g})"
+                )
+            ax.set_title(f"{ratio:.0%} of the parameters removed: {kind} kept per layer")
+            ax.set_xlabel("layer")
+            ax.set_ylim(-0.02, 1.02)
+            ax.legend(fontsize=6)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"allocation plot: {path}")
 
 
 def retime(kept: dict, speed: dict, rounds: int) -> list[dict]:

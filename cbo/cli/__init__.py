@@ -19,6 +19,7 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "cbo.cli.demo_cmds",
     "cbo.cli.eval_cmds",
+    "cbo.cli.heal_cmds",
     "cbo.cli.model_cmds",
     "cbo.cli.qubo_cmds",
     "cbo.cli.setup_cmds",

@@ -1,13 +1,14 @@
-"""A short recovery fine-tune after pruning: a few optimizer steps of next-token loss on calibration windows.
+"""MoP's short recovery fine-tune: a few optimizer steps of next-token loss on calibration windows.
 
-``method="lora"`` trains LoRA adapters on the attention and MLP projections and merges them back (needs
-``peft``); ``"full"`` updates every weight with AdamW. Shapes never change, so a recovered model saves and
-loads like the pruned one.
+A thin layer over :func:`cbo.recovery.heal` (``loss="lm"``, a constant learning rate, no gradient clipping, as
+MoP's recovery is a plain LoRA fine-tune): ``method="lora"`` trains LoRA adapters on the attention and MLP
+projections and merges them back (needs ``peft``; falls back to ``"full"`` without it); ``"full"`` updates
+every weight. Shapes never change, so a recovered model saves and loads like the pruned one.
 
 Example:
     >>> model = recover(model, splits.calibration, steps=10, lr=1e-4)   # doctest: +SKIP
-    >>> model.config.cbo_recovery                                       # doctest: +SKIP
-    {'method': 'lora', 'steps': 10, 'lr': 0.0001}
+    >>> model.config.cbo_recovery["steps"]                              # doctest: +SKIP
+    10
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from cbo.errors import InvalidOptionError
 from cbo.extras import has_module, require
-from cbo.structures import model_structures
+from cbo.recovery import heal
 from cbo.width.scores.base import lm_loss
 
 torch = require("torch", "recovery fine-tuning")
@@ -34,12 +35,6 @@ def lm_loss_of(model: Any, windows: Any, batch_size: int = 4) -> float:
     return sum(losses) / len(losses)
 
 
-def lora_targets(model: Any) -> list[str]:
-    """Names (last component) of the modules that hold the prunable attention and MLP weights."""
-    owners = {id(slot.module) for s in model_structures(model).all() for slot in s.slots}
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if id(module) in owners})
-
-
 def recover(
     model: Any,
     windows: Any,
@@ -53,38 +48,27 @@ def recover(
 ) -> Any:
     """A short recovery fine-tune on ``windows`` (next-token loss); returns the model (same shapes, eval mode).
 
-    ``method="lora"`` falls back to ``"full"`` when ``peft`` is missing; the method used is recorded in
-    ``model.config.cbo_recovery``.
+    ``method="lora"`` falls back to ``"full"`` when ``peft`` is missing; ``model.config.cbo_recovery`` records
+    what was done (see :meth:`cbo.recovery.HealResult.record`).
     """
     if method not in RECOVERY:
         raise InvalidOptionError(f"unknown recovery method {method!r}; use one of {list(RECOVERY)}")
     if steps <= 0:
         return model
-    torch.manual_seed(seed)
     used = method if (method != "lora" or has_module("peft")) else "full"
-    target = model
-    if used == "lora":
-        peft = require("peft", "LoRA recovery")
-        config = peft.LoraConfig(
-            r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=lora_targets(model)
-        )
-        target = peft.get_peft_model(model, config)
-    params = [p for p in target.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    target.train()
-    n = windows.shape[0]
-    device = next(model.parameters()).device
-    try:
-        for i in range(steps):
-            start = (i * batch_size) % n
-            loss = lm_loss(target, windows[start : start + batch_size].to(device))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    finally:
-        target.eval()
-    if used == "lora":
-        model = target.merge_and_unload()
-    model.eval()
-    model.config.cbo_recovery = {"method": used, "steps": steps, "lr": lr}
-    return model
+    batch = max(1, min(int(batch_size), int(windows.shape[0])))
+    result = heal(
+        model,
+        None,
+        windows,
+        steps=steps,
+        method=used,
+        loss="lm",
+        lr=lr,
+        batch_size=batch,
+        schedule="constant",
+        grad_clip=0.0,
+        lora_rank=lora_rank,
+        seed=seed,
+    )
+    return result.model

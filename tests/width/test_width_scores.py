@@ -112,35 +112,86 @@ def test_ntk(llama, output):
         assert s.values[(layer, kind)][u].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-7)
 
 
+def _input_norms(model, windows, names) -> dict:
+    """``‖x‖₂`` of every input feature of the modules owning ``names`` (own hooks, one pass per window batch)."""
+    sq, handles = {}, []
+    for n in names:
+        mod = model.get_submodule(n.rsplit(".", 1)[0])
+        handles.append(
+            mod.register_forward_pre_hook(
+                lambda m, a, n=n: sq.__setitem__(
+                    n, sq.get(n, 0) + a[0].detach().reshape(-1, a[0].shape[-1]).pow(2).sum(0)
+                )
+            )
+        )
+    with torch.no_grad():
+        for i in range(0, len(windows), 2):
+            model(input_ids=windows[i : i + 2])
+    for h in handles:
+        h.remove()
+    return {n: v.sqrt() for n, v in sq.items()}
+
+
+def _zscore(x):
+    return (x - x.mean()) / x.std(ddof=1)
+
+
 @pytest.mark.parametrize(
     "opts",
     [
         {},
         {"power": False},
         {"clip": False},
-        {"sign": False},
-        {"p": 0.3, "clip_percentiles": (5.0, 90.0)},
+        {"aggregation": "signed"},
+        {"aggregation": "absolute"},
+        {"standardize": "scale"},
+        {"companion": "none", "p": 0.5},
+        {"p": 0.3, "clip_percentiles": (5.0, 90.0), "clip_scope": "matrix"},
+        {
+            "companion": "none",
+            "p": 0.5,
+            "standardize": "none",
+            "clip_scope": "matrix",
+            "clip_percentiles": (1.0, 99.0),
+            "aggregation": "signed",
+        },
     ],
 )
 def test_afr(llama, opts):
+    """score_units("afr") against the recipe computed here in numpy (float64), option by option."""
     model, windows = llama
-    p = opts.get("p", 0.5)
-    lo, hi = opts.get("clip_percentiles", (1.0, 99.0))
+    lo, hi = opts.get("clip_percentiles", (2.0, 98.0))
     s = score_units(model, windows, "afr", batch_size=2, **opts)
     g = _mean_grads(model, windows, _ce, 2)
-    w = _weights(model)
-    transformed = {}
+    w = {n: t for n, t in _weights(model).items() if n.startswith("model.layers.") and "norm" not in n}
+    norms = _input_norms(model, windows, w)
+    how = opts.get("standardize", "zscore")
+    combined = {}
     for n in w:
-        x = (-w[n] * g[n]).double().numpy()
+        grad = (-w[n] * g[n]).double().numpy()
+        act = (w[n].abs() * norms[n][None, :]).double().numpy()
         if opts.get("power", True):
-            x = np.sign(x) * np.abs(x) ** p
-        if opts.get("clip", True):
+            p = opts.get("p", "match")
+            if p == "match":
+                p = np.log(act[act > 0]).std(ddof=1) / np.log(np.abs(grad[grad != 0])).std(ddof=1)
+                assert s.info["p"][n[len("model.layers.") :]] == pytest.approx(p, rel=1e-4)
+            grad = np.sign(grad) * np.abs(grad) ** p
+        parts = [grad] + ([act] if opts.get("companion", "wanda") == "wanda" else [])
+        if how == "zscore":
+            parts = [_zscore(x) for x in parts]
+        elif how == "scale":
+            parts = [x / x.std(ddof=1) for x in parts]
+        x = sum(parts)
+        if opts.get("clip", True) and opts.get("clip_scope") == "matrix":
             x = np.clip(x, np.percentile(x, lo), np.percentile(x, hi))
-        transformed[n] = torch.from_numpy(x)
+        combined[n] = torch.from_numpy(x)
     for layer, kind, u in UNITS:
-        e = torch.cat(_llama_entries(model, layer, kind, u, transformed))
-        expected = e.mean() if opts.get("sign", True) else e.abs().mean()
-        assert s.values[(layer, kind)][u].item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-9)
+        e = torch.cat(_llama_entries(model, layer, kind, u, combined)).numpy()
+        if opts.get("clip", True) and opts.get("clip_scope", "structure") == "structure":
+            e = np.clip(e, np.percentile(e, lo), np.percentile(e, hi))
+        aggregation = opts.get("aggregation", "published")
+        expected = {"published": abs(e.mean()), "signed": e.mean(), "absolute": np.abs(e).mean()}[aggregation]
+        assert s.values[(layer, kind)][u].item() == pytest.approx(expected, rel=1e-3, abs=1e-6)
 
 
 @pytest.mark.parametrize("head_norm", ["l2", "l1"])
@@ -225,7 +276,7 @@ def test_variants_share_the_calibration_passes(llama):
     from cbo.width.scores import score_variants
 
     model, windows = llama
-    variants = [{}, {"power": False}, {"clip": False}, {"sign": False}]
+    variants = [{}, {"power": False}, {"clip": False}, {"aggregation": "signed"}, {"companion": "none", "p": 0.5}]
     together = score_variants(model, windows, "afr", variants, batch_size=2)
     for v, got in zip(variants, together):
         alone = score_units(model, windows, "afr", batch_size=2, **v)

@@ -86,6 +86,7 @@ class WidthScore(abc.ABC):
         self.units = units
         self.options = options
         self.n_batches = 0
+        self.info: dict[str, Any] = {}  # what finalize() chose, copied into UnitScores.info
         self._handles: list[Any] = []
 
     def structure(self, key: Key) -> Any:
@@ -145,6 +146,8 @@ def score_units(
 
     Example:
         >>> s = score_units(model, windows, "afr", p=0.5, clip_percentiles=(1.0, 99.0))   # doctest: +SKIP
+        >>> s.info["p"]["3.mlp.up_proj.weight"]                                         # doctest: +SKIP
+        0.5
     """
     return score_variants(
         model,
@@ -174,7 +177,7 @@ def score_variants(
     """Several option sets of one score over a single set of calibration passes (ablations).
 
     The first variant's options drive the passes; the others may differ only in the score's
-    ``finalize_options`` (e.g. AFR's ``p``, ``power``, ``clip``, ``sign``; Taylor's ``variant``).
+    ``finalize_options`` (e.g. AFR's ``aggregation``, ``power``, ``clip``; Taylor's ``variant``).
 
     Example:
         >>> full, no_clip = score_variants(model, windows, "afr", [{}, {"clip": False}])   # doctest: +SKIP
@@ -225,7 +228,8 @@ def score_variants(
             for key, v in values.items():
                 if not torch.isfinite(v).all():
                     raise DataError(f"width score {cls.name!r} produced non-finite values for layer {key[0]} {key[1]}")
-            results.append(UnitScores(cls.name, gqa, values, units, structs, dataclasses.asdict(o)))
+            info = dict(scorer.info)  # what finalize() chose (e.g. AFR's exponents)
+            results.append(UnitScores(cls.name, gqa, values, units, structs, dataclasses.asdict(o), info))
     finally:
         scorer.remove()
         model.train(was_training)
