@@ -170,11 +170,12 @@ def row_ctrl_c_in_prune_says_what_is_kept(folder, monkeypatch, tmp_path):
 
     monkeypatch.setenv("CBO_HOME", str(tmp_path / "home[x]"))
     monkeypatch.setattr(cbo.pipeline, "prune_depth", interrupted)
-    res = _cli("prune", "smollm2-135m", "--remove", "2")
+    model = str(folder[0])  # a local folder: `cbo prune` loads it before the (interrupted) pipeline
+    res = _cli("prune", model, "--remove", "2")
     assert res.exit_code == 130, res.output
     assert "kept in" in res.output and str(tmp_path / "home[x]" / "cache") in res.output
     assert "run the same command again to resume" in res.output
-    res = _cli("prune", "smollm2-135m", "--remove", "2", "--no-cache")
+    res = _cli("prune", model, "--remove", "2", "--no-cache")
     assert res.exit_code == 130 and "nothing is kept" in res.output, res.output
 
 

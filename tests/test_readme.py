@@ -58,9 +58,24 @@ def test_each_command_line_parses(line):
     assert ctx is not None
 
 
+def self_contained_blocks() -> list[str]:
+    """The README's Python blocks that start from ``import cbo`` (the others continue a context that their own
+    tests supply: the refine example in tests/test_readme_refine.py, the healing one in tests/test_recovery.py)."""
+    return [b for b in code_blocks("python") if b.lstrip().startswith("import cbo")]
+
+
+def test_every_python_block_is_run_by_a_test():
+    blocks = code_blocks("python")
+    others = [b for b in blocks if b not in self_contained_blocks()]
+    assert self_contained_blocks()
+    refine = [b for b in others if "refine=" in b]  # tests/test_readme_refine.py runs it
+    heal = [b for b in others if b.lstrip().startswith("from cbo.recovery import heal")]  # tests/test_recovery.py
+    assert len(refine) <= 1 and len(heal) <= 1 and len(refine) + len(heal) == len(others)
+
+
 @pytest.mark.model
 def test_the_python_example_runs(tmp_path, monkeypatch):
-    """The README's Python block, run as written; prune_depth gets smaller window counts (same API)."""
+    """The README's self-contained Python block, run as written; prune_depth gets smaller window counts."""
     import functools
 
     import cbo
@@ -69,7 +84,7 @@ def test_the_python_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     small = dict(n_calibration=4, n_validation=4, seq_len=32, progress=False)
     monkeypatch.setattr(cbo, "prune_depth", functools.partial(cbo.prune_depth, **small), raising=False)
-    for block in code_blocks("python"):
+    for block in self_contained_blocks():
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
     folder = tmp_path / "pruned"
     assert (folder / "config.json").is_file() and (folder / "report.json").is_file()

@@ -210,7 +210,7 @@ def test_taylor_sublayer_sums_the_half_and_its_norm(llama, windows):
 
 # ------------------------------------------------------------------------------------------ plumbing
 def test_methods_registry_and_errors(llama, windows):
-    assert B.methods() == ["angular", "block_influence", "ppl", "sleb", "taylor"]
+    assert B.methods() == ["angular", "block_influence", "blockpruner", "evopress", "ppl", "sleb", "taylor"]
     with pytest.raises(UnknownNameError, match="unknown depth baseline 'nope'"):
         B.select_blocks("nope", llama, windows, 2)
     with pytest.raises(InvalidOptionError, match="option"):
