@@ -38,7 +38,9 @@ def test_hessian_bench_quick(installed, tmp_path):
     # pairwise: 1 + k + k(k - 1)/2 passes on the gated subset, the full count predicted from N
     p = r["pairwise@subset"]
     k = len(p["gated_blocks"])
-    assert k == bench.PAIRWISE_SUBSET and p["forward_passes"] == p["passes_measured"] == 1 + k + k * (k - 1) // 2
+    # every single and pair of the gated subset measured, through the measurer's prefix tree (original passes only)
+    assert k == bench.PAIRWISE_SUBSET and p["passes_measured"] == 1 + k + k * (k - 1) // 2
+    assert 1 <= p["forward_passes"] < p["passes_measured"]
     assert p["passes_full"] == 1 + n + n * (n - 1) // 2
     assert p["predicted_full_ratio"] == pytest.approx(
         p["time_s"] * p["passes_full"] / p["passes_measured"] / p["reference_s"]
