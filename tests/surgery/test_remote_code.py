@@ -23,7 +23,11 @@ CHILD = textwrap.dedent(
     """
     import importlib.util, sys
     sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
-    sys.path[:] = [p for p in sys.path if "__editable__" not in p and not p.startswith({repos!r})]
+    # the repository's folders go (the venv's site-packages may live inside the repository: it stays)
+    sys.path[:] = [
+        p for p in sys.path
+        if "__editable__" not in p and ("site-packages" in p or not p.startswith({repos!r}))
+    ]
     for name in [m for m in sys.modules if m == "cbo" or m.startswith("cbo.")]:
         del sys.modules[name]
     try:
