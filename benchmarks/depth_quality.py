@@ -14,8 +14,9 @@ attention half in SmolLM2); without that cap a sublayer method removes mostly ch
 comparison with layer removal is unfair. The parameter count of every row is reported.
 
 Expensive results are cached: Hessians in the estimator cache (``CBO_HOME/cache/hessian``, shared with
-``prune_depth``), baseline rankings and every measured (split, removal set) in ``OUT/cache``; a rerun only
-computes what is new.
+``prune_depth``), baseline rankings, the solvers' ranked states (an inexact solve depends on the machine's speed)
+and every measured (split, removal set) in ``OUT/cache``; a rerun only computes what is new and chooses as the
+first run did.
 
     .venv/bin/python -m benchmarks.depth_quality                       # full run (see BENCHMARKS.md for its time)
     .venv/bin/python -m benchmarks.depth_quality --quick               # minutes; what the test suite runs
@@ -131,7 +132,6 @@ def main(argv: list[str] | None = None) -> dict:
 
     from cbo.hessian import names as estimator_names
     from cbo.hessian.fingerprint import model_fingerprint
-    from cbo.solvers import solve
 
     layer_specs_text = C.split_list(args.estimators)
     if layer_specs_text == ["registry"]:
@@ -254,11 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
             q = qubo if granularity == "layer" else qubo.with_constraints(caps={"attention": M})
             t0 = time.perf_counter()
             try:
-                states = solve(q, K, solver, k=args.top_k, seed=args.seed)
+                states = C.cached_solve(q, K, solver, k=args.top_k, seed=args.seed, cache_dir=rank_cache)
             except Exception as exc:  # keep a long run going; the row records the fallback
                 print(f"  solver {solver!r} failed ({exc!r}); falling back to swap-tabu", flush=True)
                 result.setdefault("solver_fallbacks", []).append({"estimator": tag, "remove": M, "error": repr(exc)})
-                states = solve(q, K, "swap-tabu", k=args.top_k, seed=args.seed)
+                states = C.cached_solve(q, K, "swap-tabu", k=args.top_k, seed=args.seed, cache_dir=rank_cache)
             solve_s = time.perf_counter() - t0
             hessian_s = float(meta.get("wall_time_s") or wall)
             ground = list(states[0].removed)

@@ -292,6 +292,36 @@ def default_solver(n_blocks: int) -> str:
     return "enumerate" if n_blocks <= 40 else "swap-tabu"
 
 
+def cached_solve(qubo: Any, remove: int, solver: str, *, k: int, seed: int, cache_dir: Path) -> Any:
+    """``cbo.solve(qubo, remove, solver, k=k, seed=seed)``, from ``cache_dir`` when this exact solve was done before.
+
+    A solve that is not proven exact (``auto`` on a large space under its time budget) depends on how fast the
+    machine was, so a rerun of a benchmark would otherwise validate other states; the cache keeps a rerun's
+    choices, and its measurements, those of the first run. The key is the QUBO's data and constraints, M, the
+    solver, k and the seed.
+    """
+    import numpy as np
+
+    from cbo.errors import CorruptFileError
+    from cbo.solvers import solve
+    from cbo.states import RankedStates
+
+    digest = hashlib.sha256()
+    for arr in (qubo.H, qubo.g):
+        digest.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
+    digest.update(json.dumps([qubo.constraints.to_json(), int(remove), solver, int(k), int(seed)]).encode())
+    path = Path(cache_dir) / f"states-{digest.hexdigest()[:32]}.json"
+    if path.exists():
+        try:
+            return RankedStates.load(path)
+        except (CorruptFileError, KeyError, ValueError):
+            pass  # a damaged cache entry: solve again and replace it
+    states = solve(qubo, remove, solver, k=k, seed=seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    states.save(path)
+    return states
+
+
 # ------------------------------------------------------------------------------------------------ measuring
 class Measurer:
     """Test/validation metrics of removal sets, cached on disk so a rerun measures only what is new.

@@ -46,6 +46,30 @@ def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
     assert (tmp_path / "x.md").read_text() == "2 rows"
 
 
+def test_cached_solve_keeps_the_first_runs_states(tmp_path):
+    """A rerun reads the states of the first solve (an inexact solve would differ), keyed by QUBO, M and solver."""
+    from cbo.qubo import BlockQUBO
+    from cbo.solvers import solve
+
+    C = bench_module("harness")
+    rng = np.random.default_rng(3)
+    A = rng.normal(size=(8, 8))
+    q = BlockQUBO(A @ A.T, rng.normal(size=8))
+    first = C.cached_solve(q, 3, "enumerate", k=4, seed=0, cache_dir=tmp_path)
+    assert [list(s.removed) for s in first] == [list(s.removed) for s in solve(q, 3, "enumerate", k=4)]
+    (path,) = tmp_path.iterdir()
+    data = json.loads(path.read_text())
+    data["removed"][0] = [0, 1, 2]  # what another machine's inexact solve might have returned
+    path.write_text(json.dumps(data))
+    assert list(C.cached_solve(q, 3, "enumerate", k=4, seed=0, cache_dir=tmp_path)[0].removed) == [0, 1, 2]
+    C.cached_solve(q, 4, "enumerate", k=4, seed=0, cache_dir=tmp_path)
+    C.cached_solve(q.with_constraints(keep=[0]), 3, "enumerate", k=4, seed=0, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 3
+    path.write_text("{")  # damaged: solved again
+    again = C.cached_solve(q, 3, "enumerate", k=4, seed=0, cache_dir=tmp_path)
+    assert [list(s.removed) for s in again] == [list(s.removed) for s in first]
+
+
 @pytest.mark.model
 @pytest.mark.slow
 def test_depth_quality_quick(installed, tmp_path):
@@ -81,10 +105,7 @@ def test_depth_quality_quick(installed, tmp_path):
     # a rerun measures nothing new: rankings, Hessians and measurements come from the caches
     run_script("depth_quality", *common)
     again = json.loads((out / "depth_quality.json").read_text())
-    if again["new_measurements"] != 0:
-        # known open fault: a rerun re-measures a few sets (2 of them on this quick run) instead of reading them
-        # from the measurement cache; recorded in the closing note, to be fixed, not hidden
-        pytest.xfail(f"rerun measured {again['new_measurements']} sets again (measurement cache miss)")
+    assert again["new_measurements"] == 0
     assert [r["removed"] for r in again["rows"]] == [r["removed"] for r in data["rows"]]
     # --report rewrites the Markdown from the JSON alone
     report = (out / "depth_quality.md").read_text()
