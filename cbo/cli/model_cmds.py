@@ -22,6 +22,7 @@ from cbo.cli.common import (
     plain,
     say,
 )
+from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 
 ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
@@ -386,16 +387,14 @@ def _prune_width(
 @app.command()
 def estimators() -> None:
     """List the Hessian estimators (with their cost per calibration batch and losses) and the depth baselines."""
-    from rich.table import Table
-
     from cbo.hessian import describe
     from cbo.pipeline import DEFAULT_ESTIMATOR, depth_methods
 
-    table = Table(title="Hessian estimators (`--estimator`)")
-    for col in ("name", "cost per calibration batch", "losses", "description"):
-        table.add_column(col)
-    for name, info in describe().items():
-        label = f"{name} (default)" if name == DEFAULT_ESTIMATOR else name
-        table.add_row(label, info["cost"], info["losses"], info["description"])
-    console.print(table)
+    def label(name: str) -> str:
+        return f"{name} (default)" if name == DEFAULT_ESTIMATOR else name
+
+    rows = ((label(name), info["cost"], info["losses"], info["description"]) for name, info in describe().items())
+    print_table(
+        "Hessian estimators (`--estimator`)", ("name", "cost per calibration batch", "losses", "description"), rows
+    )
     console.print("depth methods (`--method`): " + ", ".join(depth_methods()))

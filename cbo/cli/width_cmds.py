@@ -10,6 +10,7 @@ from rich.table import Table
 
 from cbo.cli import app
 from cbo.cli.common import OVERWRITE_HELP, check_outputs, console, fail, parse_options, plain
+from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 
 
@@ -113,10 +114,8 @@ def width_scores() -> None:
 
     from cbo.width.scores import SCORES
 
-    table = Table(title="width scores")
-    for col in ("name", "aliases", "options", "description"):
-        table.add_column(col)
-    for name, cls in SCORES.items():
-        opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls.Options))
-        table.add_row(name, ", ".join(cls.aliases), opts, cls.description)
-    console.print(table)
+    def options(cls: type) -> str:
+        return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls.Options))
+
+    rows = ((name, ", ".join(cls.aliases), options(cls), cls.description) for name, cls in SCORES.items())
+    print_table("width scores", ("name", "aliases", "options", "description"), rows)
