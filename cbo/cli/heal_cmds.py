@@ -64,11 +64,11 @@ def heal(
     from cbo.recovery import heal as run_heal
 
     method = "lora" if lora else "full"
-    # the training settings, checked here (before any loading) and then passed to the heal itself
-    settings = dict(lr=lr, batch_size=batch_size, schedule=schedule, warmup=warmup, temperature=temperature)
-    settings |= dict(lora_rank=lora_rank, seed=seed)
+    # the heal's settings, checked here (before any loading) and then passed to the heal itself
+    settings = dict(steps=steps, method=method, lr=lr, batch_size=batch_size, schedule=schedule, warmup=warmup)
+    settings |= dict(temperature=temperature, lora_rank=lora_rank, seed=seed)
     try:
-        check_heal_options(steps, method, **settings)
+        check_heal_options(**settings)
         if checkpoint_every is not None and checkpoint_every < 1:
             raise InvalidOptionError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
         if seq_len < 2 or n_calibration < 1:
@@ -98,8 +98,6 @@ def heal(
             student,
             reference,
             splits.calibration,
-            steps=steps,
-            method=method,
             **settings,
             checkpoint_dir=ckpt,
             checkpoint_every=checkpoint_every,
