@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from cbo.cli import app
-from cbo.cli.common import MODEL_HELP, TEXT_HELP, console, err_console, fail, say
+from cbo.cli.common import MODEL_HELP, QUIET_HELP, TEXT_HELP, console, err_console, fail, say
 from cbo.errors import CBOError, InvalidOptionError
 
 CHECKPOINT_FOLDER = "heal-checkpoint"  # inside --out, until the healed model is saved
@@ -57,7 +57,7 @@ def heal(
     n_calibration: int = typer.Option(64, help="Training windows (the calibration split of the text)."),
     checkpoint_every: Optional[int] = typer.Option(None, help="Steps between checkpoints (default: a tenth)."),
     seed: int = typer.Option(0, help="Seed of the windows and the batch order."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Heal a pruned model: distil the unpruned model's next-token distributions into it, save it to --out."""
     from cbo.recovery import check_heal_options
