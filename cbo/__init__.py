@@ -18,6 +18,7 @@ from cbo.errors import (
     UnknownNameError,
     UnknownSolverError,
 )
+from cbo.lazy import lazy_getattr
 from cbo.qubo import BlockQUBO, Constraints
 from cbo.solvers.base import solve
 from cbo.states import RankedStates, State
@@ -40,12 +41,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'cbo' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -58,7 +58,7 @@ def reference_logits(model: Any, windows: Any, *, batch_size: int = 8, dtype: An
 
 
 @torch.no_grad()
-def _scores(model: Any, windows: Any, ref_logprobs: Any | None, batch_size: int) -> dict:
+def _scores(model: Any, windows: Any, ref_logprobs: Any | None, batch_size: int) -> dict[str, Any]:
     windows = check_windows(windows, model)
     if ref_logprobs is not None:
         _check_ref(windows, ref_logprobs)
@@ -119,7 +119,7 @@ def count_parameters(model: Any) -> int:
     return total
 
 
-def evaluate(model: Any, windows: Any, ref_logprobs: Any = None, *, batch_size: int = 8) -> dict:
+def evaluate(model: Any, windows: Any, ref_logprobs: Any = None, *, batch_size: int = 8) -> dict[str, Any]:
     """Perplexity, mean NLL, and (with ``ref_logprobs``) KL to the reference and next-token agreement.
 
     Returns:
@@ -178,7 +178,7 @@ def throughput(
     batch_size: int = 1,
     repeats: int = 3,
     seed: int = 0,
-) -> dict:
+) -> dict[str, Any]:
     """Prefill and decode speed: one forward over the prompt, then greedy decoding with the KV cache.
 
     Random prompts of ``prompt_len`` tokens; one warm-up run, then the median of ``repeats`` runs.

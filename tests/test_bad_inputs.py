@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_models import save_word_model
+from tiny_texts import word_texts
 from typer.testing import CliRunner
 
 import cbo
@@ -24,7 +26,6 @@ from cbo.instances import random_block_qubo
 
 register_commands()
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
 SMALL = ["--seq-len", "16", "--n-calibration", "4", "--n-validation", "2", "--batch-size", "2"]
 
 
@@ -39,25 +40,9 @@ def _forbid(*args, **kwargs):
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """A tiny Llama folder (6 layers, 128 positions) with its tokenizer, and a folder of text for it."""
-    from tiny_models import build_tiny_model
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("bad-inputs")
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
-    model = build_tiny_model("llama", n_layers=6, vocab_size=len(vocab))
-    path = root / "tiny-model"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    text = root / "text"
-    text.mkdir()
-    rng = np.random.default_rng(0)
-    for k in range(4):
-        (text / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, 400)))
-    return path, text, model, tok
+    model, tok = save_word_model(root / "tiny-model", n_layers=6)
+    return root / "tiny-model", word_texts(root / "text", 400), model, tok
 
 
 def _cli(*args: str):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
+from tiny_models import save_word_model
+from tiny_texts import word_texts
 from typer.testing import CliRunner
 
 from cbo.cli import app, register_commands
@@ -15,29 +16,14 @@ from cbo.cli.heal_cmds import CHECKPOINT_FOLDER
 from cbo.surgery.depth import remove_blocks
 from cbo.surgery.io import load_pruned, save_pruned
 
-WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
-
 
 @pytest.fixture
-def folders(tmp_path, tiny_model):
+def folders(tmp_path):
     """(teacher folder, pruned folder, text folder): a tiny Llama with a word-level tokenizer, 2 of 6 layers gone."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
-    model = tiny_model("llama", n_layers=6, vocab_size=len(vocab))
     teacher = tmp_path / "teacher"
-    model.save_pretrained(teacher)
-    tok.save_pretrained(teacher)
+    model, tok = save_word_model(teacher, n_layers=6)
     pruned = save_pruned(remove_blocks(model, [2, 3]), tmp_path / "pruned", tok)
-    text = tmp_path / "text"
-    text.mkdir()
-    rng = np.random.default_rng(0)
-    for k in range(4):
-        (text / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, 400)))
+    text = word_texts(tmp_path / "text", 400)
     register_commands()
     return teacher, pruned, text
 

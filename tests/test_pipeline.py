@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import save_word_model
+from tiny_texts import word_texts
 
 from cbo.data import TokenSplits
 from cbo.errors import CBOError, InfeasibleError
@@ -264,31 +266,13 @@ def test_prune_depth_on_the_default_model(default_model, default_text, tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
-
-
-def _model_folder(tmp_path, tiny_model):
+def _model_folder(tmp_path):
     """A tiny Llama with a word-level Hugging Face tokenizer, saved as a model folder, and a text folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
-    model = tiny_model("llama", n_layers=4, vocab_size=len(vocab))
-    folder = tmp_path / "tiny-model"
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    text = tmp_path / "text"
-    text.mkdir()
-    rng = np.random.default_rng(0)
-    for k in range(4):
-        (text / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, 300)))
-    return folder, text
+    save_word_model(tmp_path / "tiny-model", n_layers=4)
+    return tmp_path / "tiny-model", word_texts(tmp_path / "text", 300)
 
 
-def test_cli_hessian_and_prune(tiny_model, tmp_path, monkeypatch):
+def test_cli_hessian_and_prune(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from cbo.cli import app, register_commands
@@ -296,7 +280,7 @@ def test_cli_hessian_and_prune(tiny_model, tmp_path, monkeypatch):
 
     monkeypatch.setenv("CBO_HOME", str(tmp_path / "home"))
     register_commands()
-    folder, text = _model_folder(tmp_path, tiny_model)
+    folder, text = _model_folder(tmp_path)
     runner = CliRunner()
     small = ["--text", str(text), "--seq-len", "16", "--n-calibration", "3"]
     qfile = tmp_path / "q.cboq"

@@ -84,6 +84,18 @@ def build_tiny_model(arch: str = "llama", n_layers: int = 4, seed: int = 0, **ov
     return model.eval()
 
 
+def save_word_model(path, n_layers: int):
+    """A tiny Llama of ``n_layers`` over :func:`tiny_tokenizers.word_level_tokenizer`, saved with the tokenizer as
+    the model folder ``path``: (model, tokenizer)."""
+    from tiny_tokenizers import word_level_tokenizer
+
+    tok = word_level_tokenizer()
+    model = build_tiny_model("llama", n_layers=n_layers, vocab_size=len(tok))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return model, tok
+
+
 def random_token_windows(model_or_vocab, n: int = 4, seq_len: int = 16, seed: int = 0):
     """Random int64 token windows ``(n, seq_len)`` valid for a model (or a vocabulary size)."""
     from cbo.data import model_vocab_size, random_windows

@@ -27,3 +27,16 @@ def synthetic_novel(n_chapters: int = 4, n_paragraphs: int = 30) -> str:
                 sentences.append(" ".join(words) + rng.choice([".", "!", "?"]))
             out += [" ".join(sentences), ""]
     return "\n".join(out)
+
+
+def word_texts(folder, words_per_doc: int):
+    """A new folder ``folder`` of four .txt documents of ``words_per_doc`` random words of
+    :data:`tiny_tokenizers.WORDS` (seed 0); returns it."""
+    import numpy as np
+    from tiny_tokenizers import WORDS
+
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        (folder / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, words_per_doc)))
+    return folder

@@ -2,9 +2,13 @@
 
 * :func:`byte_level_tokenizer` -- a byte-level BPE (the 256 byte symbols, three merges, ``<|endoftext|>``) that
   encodes any text, like GPT-2's or SmolLM2's; it adds no start token.
+* :func:`word_level_tokenizer` -- one id per word of :data:`WORDS` (plus ``[UNK]`` and ``[EOS]``), split on white
+  space: the tokenizer of the tiny model folders the CLI tests save (with :func:`tiny_texts.word_texts`).
 """
 
 from __future__ import annotations
+
+WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
 
 
 def byte_level_vocabulary() -> tuple[list[str], list[str]]:
@@ -25,3 +29,14 @@ def byte_level_tokenizer():
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+
+
+def word_level_tokenizer():
+    """A ``PreTrainedTokenizerFast`` with one id per word of :data:`WORDS` after ``[UNK]`` (0) and ``[EOS]`` (1)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")

@@ -27,6 +27,14 @@ TEXT_HELP = "Text: a file, a folder of .txt files, or a .jsonl; default: the six
 
 OVERWRITE_HELP = "Write into a non-empty folder CBO did not write (only files of the same names are replaced)."
 
+# the help of the options several commands share
+GRANULARITY_HELP = "layer, or sublayer (attention and MLP halves)."
+CALIBRATION_HELP = "Calibration windows."
+SEQ_LEN_HELP = "Tokens per window."
+BATCH_HELP = "Windows per forward pass."
+CACHE_HELP = "Reuse/store Hessians under CBO_HOME/cache."
+QUIET_HELP = "No progress output."
+
 
 def plain(value: Any) -> str:
     """``value`` as text that rich prints literally (``[bold]`` stays ``[bold]``)."""

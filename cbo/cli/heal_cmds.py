@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from cbo.cli import app
-from cbo.cli.common import MODEL_HELP, TEXT_HELP, console, err_console, fail, say
+from cbo.cli.common import MODEL_HELP, QUIET_HELP, TEXT_HELP, console, err_console, fail, say
 from cbo.errors import CBOError, InvalidOptionError
 
 CHECKPOINT_FOLDER = "heal-checkpoint"  # inside --out, until the healed model is saved
@@ -57,25 +57,18 @@ def heal(
     n_calibration: int = typer.Option(64, help="Training windows (the calibration split of the text)."),
     checkpoint_every: Optional[int] = typer.Option(None, help="Steps between checkpoints (default: a tenth)."),
     seed: int = typer.Option(0, help="Seed of the windows and the batch order."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Heal a pruned model: distil the unpruned model's next-token distributions into it, save it to --out."""
     from cbo.recovery import check_heal_options
     from cbo.recovery import heal as run_heal
 
     method = "lora" if lora else "full"
+    # the heal's settings, checked here (before any loading) and then passed to the heal itself
+    settings = dict(steps=steps, method=method, lr=lr, batch_size=batch_size, schedule=schedule, warmup=warmup)
+    settings |= dict(temperature=temperature, lora_rank=lora_rank, seed=seed)
     try:
-        check_heal_options(
-            steps,
-            method,
-            lr=lr,
-            batch_size=batch_size,
-            schedule=schedule,
-            warmup=warmup,
-            temperature=temperature,
-            lora_rank=lora_rank,
-            seed=seed,
-        )
+        check_heal_options(**settings)
         if checkpoint_every is not None and checkpoint_every < 1:
             raise InvalidOptionError(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
         if seq_len < 2 or n_calibration < 1:
@@ -105,18 +98,10 @@ def heal(
             student,
             reference,
             splits.calibration,
-            steps=steps,
-            method=method,
-            lr=lr,
-            batch_size=batch_size,
-            schedule=schedule,
-            warmup=warmup,
-            temperature=temperature,
-            lora_rank=lora_rank,
+            **settings,
             checkpoint_dir=ckpt,
             checkpoint_every=checkpoint_every,
             resume=resume,
-            seed=seed,
             progress=not quiet,
             on_step=lambda step, loss: last.update(step=step),
         )

@@ -10,8 +10,14 @@ import typer
 
 from cbo.cli import app
 from cbo.cli.common import (
+    BATCH_HELP,
+    CACHE_HELP,
+    CALIBRATION_HELP,
+    GRANULARITY_HELP,
     MODEL_HELP,
     OVERWRITE_HELP,
+    QUIET_HELP,
+    SEQ_LEN_HELP,
     TEXT_HELP,
     check_outputs,
     console,
@@ -22,6 +28,7 @@ from cbo.cli.common import (
     plain,
     say,
 )
+from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 
 ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
@@ -34,14 +41,14 @@ def hessian(
     text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
     estimator: str = typer.Option("fisher", "--estimator", "-e", help=f"{ESTIMATOR_HELP}; fisher is the cheapest."),
     loss: str = typer.Option("kl", "--loss", help="kl (to the original) or ce (next-token cross-entropy)."),
-    granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
-    n_calibration: int = typer.Option(32, help="Calibration windows."),
-    seq_len: int = typer.Option(128, help="Tokens per window."),
-    batch_size: int = typer.Option(8, help="Windows per forward pass."),
+    granularity: str = typer.Option("layer", help=GRANULARITY_HELP),
+    n_calibration: int = typer.Option(32, help=CALIBRATION_HELP),
+    seq_len: int = typer.Option(128, help=SEQ_LEN_HELP),
+    batch_size: int = typer.Option(8, help=BATCH_HELP),
     seed: int = typer.Option(0, help="Seed for window choice and label sampling."),
     option: list[str] = typer.Option([], "--option", help="Estimator option KEY=VALUE, e.g. samples=4."),
-    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse/store Hessians under CBO_HOME/cache."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help=CACHE_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Estimate the block-removal QUBO of a model on calibration text and save it (for `cbo solve`)."""
     from cbo.data import make_splits
@@ -102,7 +109,7 @@ def prune(
     loss: str = typer.Option("kl", "--loss", help="kl or ce."),
     solver: str = typer.Option("auto", "--solver", "-s", help="A registered solver (`cbo solvers` lists them)."),
     method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (`cbo estimators` lists them)."),
-    granularity: str = typer.Option("layer", help="layer, or sublayer (attention and MLP halves)."),
+    granularity: str = typer.Option("layer", help=GRANULARITY_HELP),
     keep: Optional[str] = typer.Option(None, "--keep", help="Blocks never removed, e.g. '0,29'."),
     max_kind: list[str] = typer.Option(
         [], "--max-kind", help="At most N removed blocks of a kind, KIND=N (repeatable), e.g. attention=4, mlp=2."
@@ -110,13 +117,13 @@ def prune(
     budget_params: Optional[int] = typer.Option(
         None, "--budget-params", help="At most this many parameters removed (the solver respects it)."
     ),
-    n_calibration: int = typer.Option(32, help="Calibration windows."),
+    n_calibration: int = typer.Option(32, help=CALIBRATION_HELP),
     n_validation: int = typer.Option(32, help="Validation windows."),
-    seq_len: int = typer.Option(128, help="Tokens per window."),
-    batch_size: int = typer.Option(8, help="Windows per forward pass."),
+    seq_len: int = typer.Option(128, help=SEQ_LEN_HELP),
+    batch_size: int = typer.Option(8, help=BATCH_HELP),
     seed: int = typer.Option(0, help="Seed for windows, label sampling and randomized solvers."),
     option: list[str] = typer.Option([], "--option", help="Estimator option KEY=VALUE, e.g. couplings=raw."),
-    cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse/store Hessians under CBO_HOME/cache."),
+    cache: bool = typer.Option(True, "--cache/--no-cache", help=CACHE_HELP),
     out: Optional[Path] = typer.Option(None, "--out", help="Save the pruned model, tokenizer and report.json here."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     plots: Optional[Path] = typer.Option(
@@ -150,7 +157,7 @@ def prune(
         " one full forward pass over one calibration window), e.g. --refine 400. Off by default.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Remove M blocks chosen by constrained binary optimization; validate the top states and keep the best.
 
@@ -386,16 +393,14 @@ def _prune_width(
 @app.command()
 def estimators() -> None:
     """List the Hessian estimators (with their cost per calibration batch and losses) and the depth baselines."""
-    from rich.table import Table
-
     from cbo.hessian import describe
     from cbo.pipeline import DEFAULT_ESTIMATOR, depth_methods
 
-    table = Table(title="Hessian estimators (`--estimator`)")
-    for col in ("name", "cost per calibration batch", "losses", "description"):
-        table.add_column(col)
-    for name, info in describe().items():
-        label = f"{name} (default)" if name == DEFAULT_ESTIMATOR else name
-        table.add_row(label, info["cost"], info["losses"], info["description"])
-    console.print(table)
+    def label(name: str) -> str:
+        return f"{name} (default)" if name == DEFAULT_ESTIMATOR else name
+
+    rows = ((label(name), info["cost"], info["losses"], info["description"]) for name, info in describe().items())
+    print_table(
+        "Hessian estimators (`--estimator`)", ("name", "cost per calibration batch", "losses", "description"), rows
+    )
     console.print("depth methods (`--method`): " + ", ".join(depth_methods()))

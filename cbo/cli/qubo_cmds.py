@@ -13,6 +13,7 @@ from rich.table import Table
 
 from cbo.cli import app
 from cbo.cli.common import check_outputs, console, err_console, fail, parse_blocks, parse_options, plain
+from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 from cbo.qubo import BlockQUBO
 from cbo.states import RankedStates
@@ -128,17 +129,16 @@ def solvers() -> None:
     """List the solvers, whether each can run here, and why not."""
     from cbo.solvers import available
 
-    table = Table(title="CBO solvers")
-    for col in ("name", "usable", "exact", "description / reason"):
-        table.add_column(col)
-    for name, a in available().items():
-        table.add_row(
+    rows = (
+        (
             name,
             "[green]yes[/]" if a.ok else "[red]no[/]",
             "yes" if a.exact else "no",
             escape(a.description if a.ok else a.reason),
         )
-    console.print(table)
+        for name, a in available().items()
+    )
+    print_table("CBO solvers", ("name", "usable", "exact", "description / reason"), rows)
 
 
 @qubo_app.command("info")
@@ -159,12 +159,8 @@ def qubo_info(file: Path = typer.Argument(..., help="QUBO file.")) -> None:
     console.print(f"eigenvalues of H: min {np.linalg.eigvalsh(q.H).min():.4g}")
     if q.metadata:
         console.print(plain("metadata: " + json.dumps(q.metadata, sort_keys=True)[:2000]))
-    table = Table(title="blocks")
-    for col in ("i", "name", "kind", "params", "linear"):
-        table.add_column(col)
-    for i in range(q.n):
-        table.add_row(str(i), plain(q.names[i]), plain(q.kinds[i]), str(int(q.sizes[i])), f"{lin[i]:.4g}")
-    console.print(table)
+    rows = ((str(i), plain(q.names[i]), plain(q.kinds[i]), str(int(q.sizes[i])), f"{lin[i]:.4g}") for i in range(q.n))
+    print_table("blocks", ("i", "name", "kind", "params", "linear"), rows)
 
 
 @qubo_app.command("random")

@@ -9,7 +9,18 @@ import typer
 from rich.table import Table
 
 from cbo.cli import app
-from cbo.cli.common import OVERWRITE_HELP, check_outputs, console, fail, parse_options, plain
+from cbo.cli.common import (
+    BATCH_HELP,
+    CALIBRATION_HELP,
+    OVERWRITE_HELP,
+    SEQ_LEN_HELP,
+    check_outputs,
+    console,
+    fail,
+    parse_options,
+    plain,
+)
+from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 
 
@@ -43,8 +54,8 @@ def compress(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the compressed model and report.json here."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     text: Optional[str] = typer.Option(None, "--text", help="Text file/folder/.jsonl (default: the Austen novels)."),
-    seq_len: int = typer.Option(128, help="Tokens per window."),
-    n_calibration: int = typer.Option(32, help="Calibration windows."),
+    seq_len: int = typer.Option(128, help=SEQ_LEN_HELP),
+    n_calibration: int = typer.Option(32, help=CALIBRATION_HELP),
     n_validation: int = typer.Option(16, help="Control windows (MoP criterion, calibration selection)."),
     n_test: int = typer.Option(32, help="Held-out test windows for the report."),
     gqa: str = typer.Option("group", help="Grouped-query units: group (whole KV groups) or query (heads per group)."),
@@ -58,7 +69,7 @@ def compress(
     final_recovery_steps: int = typer.Option(0, help="MoP: recovery fine-tune steps at the end."),
     recovery: str = typer.Option("lora", help="Recovery fine-tune: lora (peft) or full."),
     option: list[str] = typer.Option([], "--option", help="Score option name=value (repeatable), e.g. p=0.3."),
-    batch_size: int = typer.Option(4, help="Windows per forward pass."),
+    batch_size: int = typer.Option(4, help=BATCH_HELP),
     speed: bool = typer.Option(True, "--speed/--no-speed", help="Measure prefill/decode tokens/s before and after."),
     seed: int = typer.Option(0, help="Seed (data windows, random criterion, recovery)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
@@ -113,10 +124,8 @@ def width_scores() -> None:
 
     from cbo.width.scores import SCORES
 
-    table = Table(title="width scores")
-    for col in ("name", "aliases", "options", "description"):
-        table.add_column(col)
-    for name, cls in SCORES.items():
-        opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls.Options))
-        table.add_row(name, ", ".join(cls.aliases), opts, cls.description)
-    console.print(table)
+    def options(cls: type) -> str:
+        return ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls.Options))
+
+    rows = ((name, ", ".join(cls.aliases), options(cls), cls.description) for name, cls in SCORES.items())
+    print_table("width scores", ("name", "aliases", "options", "description"), rows)

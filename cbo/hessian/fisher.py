@@ -27,8 +27,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from cbo.errors import CBOError, InvalidOptionError
+from cbo.errors import InvalidOptionError
 from cbo.hessian.base import Estimator, register
+from cbo.hessian.gram import add_gram, gram_state
 from cbo.hessian.losses import ce_per_sequence, log_probs, nll_of_labels, predicted_positions
 from cbo.hessian.options import check_int
 
@@ -52,8 +53,7 @@ class FisherEstimator(Estimator):
     def init_state(self) -> dict[str, np.ndarray]:
         n = len(self.run.blocks)
         return {
-            "outer": np.zeros((n, n)),
-            "outer_count": np.zeros(()),
+            **gram_state(n),
             "grad_sum": np.zeros(n),
             "grad_count": np.zeros(()),
             "loss_sum": np.zeros(()),
@@ -61,13 +61,9 @@ class FisherEstimator(Estimator):
 
     def _backward(self, rec: Any, scalar: torch.Tensor, retain: bool) -> np.ndarray:
         """Per-sequence gate gradients (B, N) of the per-sequence losses summed in ``scalar``."""
-        run = self.run
-        rec.reset()
-        torch.autograd.grad(scalar, run.gates.a, retain_graph=retain, allow_unused=True)
-        run.count_backward()
-        if rec.value is None:
-            raise CBOError("no gate received a gradient: the blocks are not on the path from the logits to the loss.")
-        return rec.value.to(torch.float64).numpy()
+        G = rec.backward(scalar, self.run.gates.a, retain=retain)
+        self.run.count_backward()
+        return G.numpy()
 
     def accumulate(
         self, state: dict[str, np.ndarray], batch_index: int, tokens: torch.Tensor, tick: Callable[[], None]
@@ -88,8 +84,7 @@ class FisherEstimator(Estimator):
                     run.check_finite(nll, batch_index)
                     last = draw == opts.samples - 1 and ce is None
                     G = self._backward(rec, nll.sum(), retain=not last)
-                    state["outer"] += G.T @ G
-                    state["outer_count"] += G.shape[0]
+                    add_gram(state, G)
                     state["loss_sum"] += float(nll.detach().sum())
                 if ce is not None:
                     run.check_finite(ce, batch_index)
@@ -100,8 +95,7 @@ class FisherEstimator(Estimator):
                 true_nll = ce if ce is not None else ce_per_sequence(logits, tokens)
                 run.check_finite(true_nll, batch_index)
                 G = self._backward(rec, true_nll.sum(), retain=False)
-                state["outer"] += G.T @ G
-                state["outer_count"] += G.shape[0]
+                add_gram(state, G)
                 state["loss_sum"] += float(true_nll.detach().sum())
                 state["grad_sum"] += G.sum(0)
                 state["grad_count"] += G.shape[0]

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from cbo.errors import ModelError
+from cbo.errors import CBOError, ModelError
 
 
 def resolve_blocks(model: torch.nn.Module, blocks: Any = "layer") -> list:
@@ -57,6 +57,17 @@ class _PerSequenceGrads:
             self.value = torch.zeros(v.shape[0], self.n, dtype=torch.float64)
         self.value[:, i] += v
         self.seen.add(i)
+
+    def backward(
+        self, scalar: torch.Tensor, a: torch.Tensor, *, retain: bool = False, allow_unused: bool = True
+    ) -> torch.Tensor:
+        """One backward pass of ``scalar`` (a sum of per-sequence losses) to the gates ``a``: the (B, N) float64
+        per-sequence gate gradients it records."""
+        self.reset()
+        torch.autograd.grad(scalar, a, retain_graph=retain, allow_unused=allow_unused)
+        if self.value is None:
+            raise CBOError("no gate received a gradient: the blocks are not on the path from the logits to the loss.")
+        return self.value
 
 
 class Gates:

@@ -29,8 +29,9 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
-from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
+from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.hessian.base import Estimator, register
+from cbo.hessian.gram import add_gram, gram_state
 from cbo.hessian.losses import log_probs, nll_of_labels
 from cbo.hessian.measure import MeasureCache, Work
 from cbo.hessian.options import check_choice, check_indices, check_int, check_number
@@ -124,8 +125,7 @@ class HybridEstimator(Estimator):
     def init_state(self) -> dict[str, np.ndarray]:
         n = len(self.run.blocks)
         return {
-            "outer": np.zeros((n, n)),
-            "outer_count": np.zeros(()),
+            **gram_state(n),
             "single_kl": np.zeros(n),
             "single_ce": np.zeros(n),
             "base_ce": np.zeros(()),
@@ -173,14 +173,10 @@ class HybridEstimator(Estimator):
             for draw in range(self.options.samples):
                 labels = torch.multinomial(probs, 1, generator=run.generator(batch_index, draw)).reshape(lp.shape[:2])
                 nll = nll_of_labels(lp, labels)
-                rec.reset()
-                torch.autograd.grad(nll.sum(), run.gates.a, retain_graph=draw < self.options.samples - 1)
+                retain = draw < self.options.samples - 1
+                G = rec.backward(nll.sum(), run.gates.a, retain=retain, allow_unused=False).numpy()
                 run.count_backward()
-                if rec.value is None:
-                    raise CBOError("no gate received a gradient: the blocks are not on the path to the loss.")
-                G = rec.value.to(torch.float64).numpy()
-                state["outer"] += G.T @ G
-                state["outer_count"] += G.shape[0]
+                add_gram(state, G)
 
     # ------------------------------------------------------------------ the QUBO
     def singles(self, state: dict[str, np.ndarray]) -> np.ndarray:

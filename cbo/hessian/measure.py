@@ -68,6 +68,18 @@ class Work:
         out["forward_equivalents"] = round(self.forward_equivalents, 4)
         return out
 
+    def calls(self) -> dict[str, Any]:
+        """The work in the words of :func:`measure_sets`: ``layer_calls``, ``tail_calls`` (head runs),
+        ``full_calls``, ``original_calls``, ``measured`` (sets not found in the cache), ``forward_equivalents``."""
+        return {
+            "layer_calls": self.layer_calls,
+            "tail_calls": self.head_runs,
+            "full_calls": self.full_passes,
+            "original_calls": self.original_passes,
+            "measured": self.sets,
+            "forward_equivalents": self.forward_equivalents,
+        }
+
 
 def batch_work(meter: RemovalLosses, rows: int, unit_windows: int) -> Work:
     """The counters of one batch's engine as Work, its cost scaled from that batch to the unit windows."""
@@ -284,19 +296,7 @@ def measure_sets(
     """
     measurer = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, prefix=prefix, retain=False)
     out = measurer.losses(sets)
-    w = measurer.work
-    return {
-        "kl": out.kl,
-        "ce": out.ce,
-        "agree": out.agreement,
-        "base_ce": out.base_ce,
-        "layer_calls": w.layer_calls,
-        "tail_calls": w.head_runs,
-        "full_calls": w.full_passes,
-        "original_calls": w.original_passes,
-        "measured": w.sets,
-        "forward_equivalents": w.forward_equivalents,
-    }
+    return {"kl": out.kl, "ce": out.ce, "agree": out.agreement, "base_ce": out.base_ce, **measurer.work.calls()}
 
 
 __all__ = ["MeasureCache", "Measurer", "RemovalLosses", "SetLosses", "Work", "measure_sets"]

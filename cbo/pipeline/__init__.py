@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from cbo.lazy import lazy_getattr
 from cbo.pipeline.depth import (
     DEFAULT_ESTIMATOR,
     Validation,
@@ -15,14 +14,8 @@ from cbo.pipeline.depth import (
 )
 from cbo.pipeline.reports import DepthReport, Report, ValidatedState
 
-
-def __getattr__(name: str) -> Any:
-    # the width pipeline, imported on first use (it needs the width modules)
-    if name in ("compress", "CompressionReport"):
-        from cbo.pipeline import compression as module
-
-        return getattr(module, name)
-    raise AttributeError(f"module 'cbo.pipeline' has no attribute {name!r}")
+# the width pipeline, imported on first use (it needs the width modules)
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(("compress", "CompressionReport"), "cbo.pipeline.compression"))
 
 
 __all__ = [

@@ -300,16 +300,9 @@ def compress(
     model.eval()
     # the options every width step shares (one-shot, calibration selection, each MoP step)
     width_options = dict(gqa=gqa, gamma=gamma, round_to=round_to, allocation=allocation, score_options=score_options)
-    settings = dict(
-        model=str(name),
-        ratio=ratio,
-        ratio_of=ratio_of,
-        scheduler=scheduler,
-        width=width,
-        depth=depth,
-        criterion=criterion,
-    )
-    settings |= {"depth_share": depth_share, **width_options, "score_options": score_options or {}}
+    settings = dict(model=str(name), ratio=ratio, ratio_of=ratio_of, scheduler=scheduler, width=width, depth=depth)
+    settings |= dict(criterion=criterion, depth_share=depth_share, **width_options)
+    settings["score_options"] = score_options or {}
     settings |= dict(select_calibration=select_calibration, recovery=recovery, recovery_steps=recovery_steps)
     settings |= dict(final_recovery_steps=final_recovery_steps, seed=seed)
 

@@ -200,8 +200,8 @@ def prune_depth(
     qubo = states = None
     if method == "cbo":
         qubo, states = _estimate_and_solve(
-            model, tokenizer, splits, blocks, keep_idx, remove, estimator, loss, solver, top_k, seed, batch_size,
-            hessian_cache, estimator_options, solver_options, progress, timings,
+            model, tokenizer, splits.calibration, blocks, keep_idx, remove, estimator, loss, solver, top_k, seed,
+            batch_size, hessian_cache, estimator_options, solver_options, progress, timings,
             constraints={"caps": dict(caps or {}), "max_removed_params": budget_params},
         )  # fmt: skip
         if refine is not None:
@@ -391,7 +391,7 @@ def refine_qubo(
 def _estimate_and_solve(
     model: Any,
     tokenizer: Any,
-    splits: Any,
+    calibration: Any,
     blocks: Sequence[Any],
     keep: list[int],
     remove: int,
@@ -408,7 +408,7 @@ def _estimate_and_solve(
     timings: dict[str, float],
     constraints: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
-    """The QUBO of the calibration split (cached) and its ``top_k`` ranked states with ``remove`` blocks removed."""
+    """The QUBO of the calibration windows (cached) and its ``top_k`` ranked states with ``remove`` blocks removed."""
     from cbo.forward import torch_threads_kept
     from cbo.hessian import estimate_hessian
     from cbo.solvers import solve
@@ -417,7 +417,7 @@ def _estimate_and_solve(
     qubo = estimate_hessian(
         model,
         tokenizer,
-        splits.calibration,
+        calibration,
         estimator=estimator,
         loss=loss,
         blocks=blocks,

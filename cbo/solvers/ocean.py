@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -22,14 +22,32 @@ from cbo.solvers.penalty import PenaltyOptions, PenaltySolver, positive, round_s
 READ_BATCH = 25
 
 
+class SamplersSolver(PenaltySolver):
+    """A sampler of ``dwave-samplers`` on the penalty BQM, called one batch of reads at a time: its samplers check
+    the time limit and Ctrl-C only between calls."""
+
+    requires = ("dwave.samplers",)
+
+    @staticmethod
+    def read_batches(
+        problem: Problem, round_: int, reads: int, batch: int = 1
+    ) -> Iterator[tuple[int, int, int, float]]:
+        """The batches of ``reads`` reads of λ round ``round_``: ``(first read, reads in the batch, seed, seconds
+        left)`` each, seeded by the round and the batch's first read; no batch after the first once time is up."""
+        for first in range(0, reads, batch):
+            left = problem.time_left()
+            if first and left <= 0:
+                return
+            yield first, min(batch, reads - first), (round_seed(problem, round_) + 104729 * first) % (2**31 - 1), left
+
+
 @register
-class SimulatedAnnealing(PenaltySolver):
+class SimulatedAnnealing(SamplersSolver):
     """D-Wave's simulated annealing (``dwave.samplers.SimulatedAnnealingSampler``) on the penalty BQM."""
 
     name = "sa"
     aliases = ("neal", "dwave-neal")
     description = "simulated annealing from dwave-samplers on E + λ(Σx−M)² (adaptive λ)"
-    requires = ("dwave.samplers",)
     default_adaptive = True
 
     @dataclass
@@ -61,13 +79,10 @@ class SimulatedAnnealing(PenaltySolver):
         }
         if options.beta_range is not None:
             kwargs["beta_range"] = tuple(float(b) for b in options.beta_range)
-        sets = []
-        for first in range(0, reads, READ_BATCH):
-            if sets and problem.time_left() <= 0:
-                break
-            seed = (round_seed(problem, round_) + 104729 * first) % (2**31 - 1)
-            count = min(READ_BATCH, reads - first)
-            sets.append(samplers.SimulatedAnnealingSampler().sample(bqm, num_reads=count, seed=seed, **kwargs))
+        sets = [
+            samplers.SimulatedAnnealingSampler().sample(bqm, num_reads=count, seed=seed, **kwargs)
+            for _, count, seed, _ in self.read_batches(problem, round_, reads, READ_BATCH)
+        ]
         return dimod.concatenate(sets)
 
     def run(self, problem: Problem, options: Options) -> SolverOutput:
@@ -77,13 +92,12 @@ class SimulatedAnnealing(PenaltySolver):
 
 
 @register
-class Tabu(PenaltySolver):
+class Tabu(SamplersSolver):
     """D-Wave's tabu search (``dwave.samplers.TabuSampler``) on the penalty BQM."""
 
     name = "tabu"
     aliases = ("dwave-tabu",)
     description = "tabu search from dwave-samplers on E + λ(Σx−M)² (safe λ)"
-    requires = ("dwave.samplers",)
 
     @dataclass
     class Options(PenaltyOptions):
@@ -113,12 +127,8 @@ class Tabu(PenaltySolver):
             kwargs["tenure"] = positive(options.tenure, "tenure")
         cap = positive(options.timeout_ms, "timeout_ms")
         sets = []
-        for read in range(reads):
-            left = problem.time_left()
-            if sets and left <= 0:
-                break
+        for read, _, seed, left in self.read_batches(problem, round_, reads):
             timeout = max(1, min(cap, int(1000 * left / (reads - read)))) if np.isfinite(left) else cap
-            seed = (round_seed(problem, round_) + 104729 * read) % (2**31 - 1)
             sets.append(samplers.TabuSampler().sample(bqm, timeout=int(timeout), seed=seed, **kwargs))
         return dimod.concatenate(sets)
 

@@ -205,24 +205,35 @@ def _apply(a, b, y, h, Qoff, ins, outs, where, cnt, kind):
 
 
 @njit(cache=True)
+def _swap_deltas(D, Qoff, h, ins, outs, m, r, delta):
+    """Fill ``delta[ti, tj]``: the energy change of the swap that keeps ``outs[ti]`` and removes ``ins[tj]``
+    (``m`` blocks kept, ``r`` removed; ``h`` the fields of the current state)."""
+    for ti in range(m):
+        a = outs[ti]
+        fa = D[a] + h[a]
+        for tj in range(r):
+            b = ins[tj]
+            delta[ti, tj] = fa - D[b] - h[b] - Qoff[a, b]
+
+
+@njit(cache=True)
 def _descend(D, Qoff, y, h, e, hsh, keys, ins, outs, where, cnt, kind, cap, size, p, pmin, pmax, r, pool):
     """Steepest descent over swaps to a local minimum, offering each visited state to the pool."""
     pool_E, pool_H, pool_X, pool_done = pool
-    n = y.shape[0]
+    m = y.shape[0] - r
+    delta = np.empty((max(m, 1), max(r, 1)))
     while True:
+        _swap_deltas(D, Qoff, h, ins, outs, m, r, delta)
         best = 0.0
         ba = -1
         bb = -1
-        for ti in range(n - r):
-            a = outs[ti]
-            fa = D[a] + h[a]
+        for ti in range(m):
             for tj in range(r):
-                b = ins[tj]
-                d = fa - D[b] - h[b] - Qoff[a, b]
-                if d < best and _move_ok(a, b, kind, cnt, cap, size, p, pmin, pmax):
+                d = delta[ti, tj]
+                if d < best and _move_ok(outs[ti], ins[tj], kind, cnt, cap, size, p, pmin, pmax):
                     best = d
-                    ba = a
-                    bb = b
+                    ba = outs[ti]
+                    bb = ins[tj]
         if ba < 0:
             return e, hsh, p
         _apply(ba, bb, y, h, Qoff, ins, outs, where, cnt, kind)
@@ -348,6 +359,7 @@ def tabu_search(
     0..2) iterations. stats: [restarts, evaluated swaps, moves, infeasible starts].
     """
     n = D.shape[0]
+    delta = np.empty((max(n - r, 1), max(r, 1)))
     for rs in range(first, first + count):
         np.random.seed((seed * 1000003 + rs * 7919) % 2147483647)
         y, ok = _random_state(n, r, kind, cap, size, pmin, pmax)
@@ -364,15 +376,15 @@ def tabu_search(
         if r > 0 and r < n:
             for it in range(1, iters + 1):
                 thr = pool_E[_worst(pool_E)]
+                _swap_deltas(D, Qoff, h, ins, outs, n - r, r, delta)
                 bd = np.inf
                 ba = -1
                 bb = -1
                 for ti in range(n - r):
                     a = outs[ti]
-                    fa = D[a] + h[a]
                     for tj in range(r):
                         b = ins[tj]
-                        d = fa - D[b] - h[b] - Qoff[a, b]
+                        d = delta[ti, tj]
                         stats[1] += 1
                         if not _move_ok(a, b, kind, cnt, cap, size, p, pmin, pmax):
                             continue
@@ -436,7 +448,7 @@ def closure(D, Qoff, kind, cap, size, pmin, pmax, r, keys, pool_E, pool_H, pool_
     done = 0
     y = np.zeros(n, dtype=np.uint8)
     y2 = np.zeros(n, dtype=np.uint8)
-    d = np.zeros((max(m, 1), max(r, 1)))
+    delta = np.zeros((max(m, 1), max(r, 1)))
     while done < max_expand:
         s = -1
         for t in range(P):
@@ -453,13 +465,12 @@ def closure(D, Qoff, kind, cap, size, pmin, pmax, r, keys, pool_E, pool_H, pool_
         h = _fields(Qoff, y)
         ins, outs, where, cnt, p = _setup(y, kind, cap.shape[0], size)
         thr = pool_E[_worst(pool_E)]
+        _swap_deltas(D, Qoff, h, ins, outs, m, r, delta)
         for ti in range(m):
             a = outs[ti]
-            fa = D[a] + h[a]
             for tj in range(r):
                 b = ins[tj]
-                d[ti, tj] = fa - D[b] - h[b] - Qoff[a, b]
-                en = e + d[ti, tj]
+                en = e + delta[ti, tj]
                 if en < thr and _move_ok(a, b, kind, cnt, cap, size, p, pmin, pmax):
                     if pool_offer(pool_E, pool_H, pool_X, pool_done, en, hsh ^ keys[a] ^ keys[b], y, a, b):
                         thr = pool_E[_worst(pool_E)]
@@ -473,10 +484,10 @@ def closure(D, Qoff, kind, cap, size, pmin, pmax, r, keys, pool_E, pool_H, pool_
                 qa = Qoff[a1, a2]
                 for u1 in range(r):
                     b1 = ins[u1]
-                    base = e + d[t1, u1] + qa - Qoff[a2, b1]
+                    base = e + delta[t1, u1] + qa - Qoff[a2, b1]
                     for u2 in range(u1 + 1, r):
                         b2 = ins[u2]
-                        en = base + d[t2, u2] + Qoff[b1, b2] - Qoff[a1, b2]
+                        en = base + delta[t2, u2] + Qoff[b1, b2] - Qoff[a1, b2]
                         if en < thr and _move2_ok(a1, a2, b1, b2, kind, cnt, cap, size, p, pmin, pmax):
                             for i in range(n):
                                 y2[i] = y[i]

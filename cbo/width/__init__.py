@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
+from cbo.lazy import lazy_getattr
 
 _LAZY = {
     "score_units": "cbo.width.scores",
@@ -44,10 +44,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'cbo.width' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)

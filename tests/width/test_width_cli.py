@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
+from tiny_models import save_word_model
+from tiny_texts import word_texts
 from typer.testing import CliRunner
 
 from cbo.cli import app, register_commands
 
-WORDS = "the of and to a in that it was her his she he you not be had for with as but at on".split()
-
 
 @pytest.fixture
-def folder(tmp_path, tiny_model):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[EOS]", *WORDS])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
-    model = tiny_model("llama", n_layers=6, vocab_size=len(vocab))
-    path = tmp_path / "tiny-model"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    text = tmp_path / "text"
-    text.mkdir()
-    rng = np.random.default_rng(0)
-    for k in range(4):
-        (text / f"doc{k}.txt").write_text(" ".join(rng.choice(WORDS, 400)))
-    return path, text
+def folder(tmp_path):
+    save_word_model(tmp_path / "tiny-model", n_layers=6)
+    return tmp_path / "tiny-model", word_texts(tmp_path / "text", 400)
 
 
 SMALL = ["--seq-len", "16", "--n-calibration", "4", "--n-validation", "2", "--n-test", "2", "--no-speed"]

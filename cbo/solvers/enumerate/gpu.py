@@ -227,7 +227,11 @@ class GPUOptions:
 
 @register
 class EnumerateGPU(Solver):
-    """Exact top-K by full enumeration on an NVIDIA GPU (CuPy raw kernel)."""
+    """Exact top-K by full enumeration on an NVIDIA GPU (CuPy raw kernel).
+
+    Usable where CuPy imports (the ``gpu`` extra) and a CUDA device runs a test computation
+    (:func:`cuda_device_status`); the same search is the ``"gpu"`` backend of the ``enumerate`` solver.
+    """
 
     name = "enumerate-gpu"
     aliases = ("gpu", "exact-gpu")

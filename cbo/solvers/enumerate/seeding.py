@@ -151,23 +151,20 @@ def seed_threshold(Q, r, K):
     nb = r * (n - r)
     if nb + 1 < K:
         return np.inf, best
-    # neighbour energies of the best local optimum
+    # neighbour energies of the best local optimum: each swap of a removed block i for a kept block j
+    removed = np.flatnonzero(best)
+    kept = np.flatnonzero(~best)
     for j in range(n):
         f[j] = Q[j, j]
-    for i in range(n):
-        if best[i]:
-            for j in range(n):
-                if j != i:
-                    f[j] += Q[i, j]
+    for i in removed:
+        for j in range(n):
+            if j != i:
+                f[j] += Q[i, j]
     vals = np.empty(nb + 1)
     vals[0] = best_e
     m = 1
-    for i in range(n):
-        if not best[i]:
-            continue
-        for j in range(n):
-            if best[j]:
-                continue
+    for i in removed:
+        for j in kept:
             vals[m] = best_e + f[j] - f[i] - Q[i, j]
             m += 1
     vals.sort()
