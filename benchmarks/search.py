@@ -54,23 +54,25 @@ DEFAULTS = {
     "curve_points": 8,
     "bootstrap": 2000,
 }
-QUICK = {
+QUICK = {  # every method at both points in a few CPU minutes (what tests/benchmarks/test_search_bench.py runs)
     "points": "layer-3-s0,sublayer-2-s0",
     "methods": ",".join(METHODS),
-    "calibration": 4,
+    "calibration": 2,  # refine and random measure on 2 high-fidelity windows in quick mode: the whole pool
     "validation": 2,
-    "test": 4,
-    "seq_len": 32,
+    "test": 16,  # 256 test tokens: enough that no pruned set's test PPL comes out below the original's by chance
+    "seq_len": 16,
     "offspring": 4,
-    "generations": 3,
-    "stage_windows": "1,2",
-    "sleb_windows": 2,
-    "blockpruner_windows": 2,
+    "generations": 2,
+    "stage_windows": "1,1",
+    "sleb_windows": 1,
+    "blockpruner_windows": 1,
     "refine_fraction": 0.5,
     "validate": 3,
-    "curve_points": 3,
+    "curve_points": 2,
     "bootstrap": 200,
-    "refine_budget": 250,  # the sublayer prior alone costs 60 full passes per window
+    # refine's (and random search's) budget: the sublayer prior (60 units on 2 windows, ~75 FPE) and the validation
+    # reserve (8 FPE) leave two rounds (~18 FPE each) at sublayer and four at layer granularity
+    "refine_budget": 130,
 }
 
 

@@ -36,6 +36,7 @@ _LAZY = {
     "remove_blocks": "cbo.surgery.depth",
     "save_pruned": "cbo.surgery.io",
     "load_pruned": "cbo.surgery.io",
+    "heal": "cbo.recovery",
     "evaluate_tasks": "cbo.downstream.harness",
     "convert_gguf": "cbo.convert",
 }

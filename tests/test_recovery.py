@@ -279,3 +279,20 @@ def test_the_readme_heal_example_runs(teacher, windows, tmp_path, monkeypatch):
     batch = windows[:2]
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=batch).logits, result.model(input_ids=batch).logits)
+
+
+def test_heal_is_a_lazy_top_level_export():
+    import subprocess
+    from pathlib import Path
+
+    import cbo
+    import cbo.recovery
+
+    assert cbo.heal is cbo.recovery.heal and "heal" in cbo._LAZY
+    # `import cbo` alone imports neither the recovery module nor torch; `cbo.heal` brings them in on first use
+    code = (
+        "import sys, cbo\n"
+        "assert 'cbo.recovery' not in sys.modules and 'torch' not in sys.modules\n"
+        "assert cbo.heal.__module__ == 'cbo.recovery' and 'torch' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
