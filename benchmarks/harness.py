@@ -135,7 +135,9 @@ def machine_line(info: dict[str, Any] | None = None) -> str:
 def add_model_args(p: argparse.ArgumentParser, *, seed: int = 0) -> None:
     """The model options of the depth benchmarks (``parser(..., model=True)`` adds them)."""
     p.add_argument("--model", default="smollm2-135m", help="model name or folder (default: the default model)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per window (default 128; --quick: 64)")
+    p.add_argument(
+        "--seq-len", type=int, default=None, help="tokens per window (default 128; --quick: each script's own, smaller)"
+    )
     p.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=seed, help="seed of the data windows, label sampling and random sets")
