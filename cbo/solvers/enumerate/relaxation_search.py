@@ -164,7 +164,7 @@ class SubtreeSearch:
             self.st[0] = top + 1
             if top == 0 and rho == 0 and self.side.completable(x, fac.r):
                 e = float(state_energies(fac.Q, x[None])[0])
-                if e <= self.threshold:
+                if e <= self.threshold + fac.slack:  # the kernel's and split's rounding allowance
                     self.heap_e[0] = e
                     self.heap_s[0] = x
                     self.st[1] = 1
