@@ -109,6 +109,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--refine-budget", type=float, default=None, help="refine's budget in FPE (overrides the fraction)")
     p.add_argument("--validate", type=int, help="states validated by singles and refine (default 10)")
+    p.add_argument(
+        "--refine-local", type=float, default=0.5, help="refine's trust-region share of a batch (default 0.5)"
+    )
+    p.add_argument("--refine-thompson", type=float, default=0.25, help="refine's posterior-draw share (default 0.25)")
+    p.add_argument(
+        "--refine-options", type=json.loads, default={}, help="more refine options as JSON, e.g. '{\"batch\": 24}'"
+    )
     p.add_argument("--curve-points", type=int, help="incumbents per method whose test PPL is measured (default 8)")
     p.add_argument("--bootstrap", type=int, help="bootstrap resamples of the test windows (default 2000)")
     p.add_argument("--no-plot", action="store_true")
@@ -331,6 +338,15 @@ def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
     budget, how = refine_budget(point, args)
     hi = min(16, args.calibration) if not args.quick else 2
+    options = {
+        "high_windows": hi,
+        "low_windows": 1,
+        "validate": args.validate,
+        "local": args.refine_local,
+        "thompson": args.refine_thompson,
+        "solver": "auto" if point.granularity == "layer" else "swap-tabu",
+        **args.refine_options,
+    }
     r = refine(
         point.model,
         point.blocks,
@@ -339,13 +355,10 @@ def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
         remove=point.total_removed,
         budget=budget,
         caps=caps_of(point),
-        high_windows=hi,
-        low_windows=min(2, hi),
-        validate=args.validate,
         seed=point.seed,
-        solver="auto" if point.granularity == "layer" else "swap-tabu",
         checkpoint=point.checkpoint("refine"),
         progress=log_progress(point.name, "refine"),
+        **options,
     )
     path = point.dir / "refine-qubo.cboq"
     r.qubo.save(path)
@@ -685,6 +698,59 @@ def _search_curve(method: str, state: dict[str, Any]) -> list[list[float]]:
     return [[h["fpe"], math.log(h["ppl"])] for h in state["history"]]
 
 
+def pooled(points: dict[str, Any], resamples: int = 2000) -> dict[str, dict[str, Any]]:
+    """Points that differ only in the calibration seed, pooled: per method the seed-mean test PPL and FPE share,
+    and refine's ratio over the windows of the seed-mean NLL difference (the seeds share the test windows)."""
+    import numpy as np
+
+    from cbo.stats import paired_ppl_ratio
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for name, entry in points.items():
+        groups.setdefault(name.rsplit("-s", 1)[0], []).append(entry)
+    out: dict[str, dict[str, Any]] = {}
+    for group, entries in groups.items():
+        if len(entries) < 2:
+            continue
+        methods = [m for m in METHODS if all(m in e.get("evaluations", {}) for e in entries)]
+        if "refine" not in methods:
+            continue
+        nll = {m: np.mean([e["evaluations"][m]["test_nll"] for e in entries], axis=0) for m in methods}
+        rows = {}
+        for m in methods:
+            share = (
+                [e["evaluations"][m]["fpe"] / e["evaluations"]["evopress"]["fpe"] for e in entries]
+                if ("evopress" in methods)
+                else [None]
+            )
+            rows[m] = {
+                "seeds": len(entries),
+                "test_ppl": float(np.mean([e["evaluations"][m]["test_ppl"] for e in entries])),
+                "fpe_share": float(np.mean(share)) if share[0] is not None else None,
+                "ratio": None if m == "refine" else paired_ppl_ratio(nll["refine"], nll[m], resamples),
+            }
+        out[group] = rows
+    return out
+
+
+def pooled_markdown(points: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for group, rows in pooled(points).items():
+        n = next(iter(rows.values()))["seeds"]
+        lines += ["", f"## {group}, {n} calibration seeds pooled", ""]
+        table = [
+            [
+                m,
+                r["fpe_share"],
+                r["test_ppl"],
+                f"{r['ratio'][0]:.3f} [{r['ratio'][1]:.3f}, {r['ratio'][2]:.3f}]" if r["ratio"] else "–",
+            ]
+            for m, r in rows.items()
+        ]
+        lines.append(C.md_table(["method", "FPE / EvoPress (mean)", "test PPL (mean)", "refine / method"], table))
+    return lines
+
+
 def markdown(result: dict) -> str:
     lines = [
         "# Search that pays: anytime curves and final choices",
@@ -720,6 +786,7 @@ def markdown(result: dict) -> str:
         lines.append(C.md_table(header, rows))
         if ratios.get("best_baseline"):
             lines += ["", f"Best baseline by test PPL: {ratios['best_baseline']}."]
+    lines += pooled_markdown(result.get("points", {}))
     if result.get("in_progress"):
         lines += [
             "",

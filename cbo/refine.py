@@ -3,7 +3,9 @@
 Start from a cheap prior QUBO (``singles``: each block's measured removal loss), then repeat:
 
 1. **propose**: the solver layer (``cbo.solve(..., k=many)``) returns the lowest-energy states of the current
-   surrogate's posterior mean, and of posterior draws (Thompson sampling) so that the search explores; only sets
+   surrogate's posterior mean, and of posterior draws (Thompson sampling) so that the search explores; a share of
+   the batch comes from a trust region around the best measured sets instead: their swap mutations
+   (``cbo.moves``, EvoPress's operator, every count kept) ranked by a posterior draw, the lowest taken; only sets
    never measured are kept;
 2. **measure, multi-fidelity**: every proposal on a few calibration windows; the most promising of them (the
    lowest few on those windows) on the full set of high-fidelity windows;
@@ -31,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cbo.errors import CBOError, InvalidOptionError
+from cbo.moves import SwapMoves
 from cbo.qubo import BlockQUBO
 from cbo.states import RankedStates
 
@@ -69,11 +72,14 @@ def refine_search(
     budget: float,
     validate_fn: Callable[[list[tuple[int, ...]]], tuple[np.ndarray, float]] | None = None,
     prior_cost: float = 0.0,
-    low_windows: int = 2,
+    low_windows: int = 1,
     high_windows: int = 16,
-    batch: int = 16,
+    batch: int = 24,
     promote: int = 4,
-    thompson: float = 0.5,
+    thompson: float = 0.25,
+    local: float = 0.5,
+    local_parents: int = 3,
+    screen: int = 512,
     validate: int = 10,
     validation_cost: float = 0.0,
     patience: int = 6,
@@ -98,7 +104,10 @@ def refine_search(
         low_windows / high_windows: windows of the two fidelities (the first ones of a seeded permutation of the
             pool; the low ones are a subset of the high ones).
         batch: proposals per round; ``promote`` of them go on to high fidelity (lowest low-fidelity loss).
-        thompson: the share of proposals from posterior draws (the rest: the posterior mean's lowest states).
+        thompson: the share of proposals from posterior draws (global minima of one draw each).
+        local: the share of proposals from the trust region: ``screen`` swap mutations of the ``local_parents``
+            best sets measured at high fidelity, ranked by one posterior draw (the rest of the batch, after
+            ``thompson`` and ``local``: the posterior mean's lowest states).
         validate: the best sets measured on validation at the end.
         validation_cost: the reserve kept for validation, in FPE (its estimate; the real cost is counted).
         patience: rounds without a better best set before stopping.
@@ -114,6 +123,7 @@ def refine_search(
     prior.check_remove(remove)
     n_pool = int(measure.n_windows)
     _check(low_windows, high_windows, batch, promote, thompson, validate, patience, n_pool, budget)
+    _check_local(local, thompson, local_parents, screen)
     if prior_cost + validation_cost >= budget:
         raise InvalidOptionError(
             f"budget={budget} FPE does not cover the prior ({prior_cost:.1f} FPE) and the validation reserve "
@@ -130,6 +140,7 @@ def refine_search(
         "batch": batch,
         "promote": promote,
         "thompson": thompson,
+        "local": [local, local_parents, screen],
         "validate": validate,
         "patience": patience,
         "solver": solver,
@@ -144,6 +155,7 @@ def refine_search(
         measure.restore(saved["measure"])
         rounds = saved["rounds"]
     surrogate = BayesianQuadratic(prior)
+    moves = SwapMoves(prior.kinds, prior.constraints.keep + prior.constraints.force, rng)
     opts = dict(solver_options or {})
 
     def spent() -> float:
@@ -169,10 +181,30 @@ def refine_search(
         high = [(y, s) for s, y, lo in zip(sets, ys, lows) if not lo]
         return (min(high)[1], float(min(high)[0])) if high else (None, float("inf"))
 
+    def near(count: int, measured: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The trust region's share: mutations of the best high-fidelity sets, lowest under one posterior draw."""
+        sets, ys, _, lows = data()
+        parents = [s for _, s in sorted((y, s) for s, y, lo in zip(sets, ys, lows) if not lo)[:local_parents]]
+        if not parents or count < 1:
+            return []
+        pool: list[tuple[int, ...]] = []
+        seen = set(measured)
+        for i in range(screen):
+            child = moves.mutate(parents[i % len(parents)], 3)
+            if child not in seen:
+                seen.add(child)
+                pool.append(child)
+        if not pool:
+            return []
+        X = _rows(pool, prior.n)
+        ok = np.flatnonzero(prior.feasible(X, remove))
+        score = surrogate.predict(X[ok], theta=surrogate.draw(rng))
+        return [pool[ok[i]] for i in np.argsort(score, kind="stable")[:count]]
+
     def propose(fitted: bool) -> list[tuple[int, ...]]:
         measured = set(k for k in measure.values if len(k) == remove)
         want = batch
-        out: list[tuple[int, ...]] = []
+        out: list[tuple[int, ...]] = near(int(round(local * batch)), measured) if fitted else []
         n_draws = int(round(thompson * batch)) if fitted else 0
         qubo = surrogate.qubo() if fitted else prior
         k = min(want + len(measured), 4096)
@@ -326,6 +358,16 @@ def _check(low, high, batch, promote, thompson, validate, patience, n_pool, budg
         raise InvalidOptionError(f"budget must be a positive number of forward-pass equivalents, got {budget!r}")
 
 
+def _check_local(local, thompson, parents, screen) -> None:
+    if not 0.0 <= local <= 1.0 or local + thompson > 1.0:
+        raise InvalidOptionError(
+            f"local and thompson are shares of the batch with local + thompson <= 1, got {local!r}, {thompson!r}"
+        )
+    for name, value in (("local_parents", parents), ("screen", screen)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InvalidOptionError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 def refine(
     model: Any,
     blocks: Any,
@@ -354,7 +396,7 @@ def refine(
         remove: M, blocks removed.
         budget: forward-pass equivalents in all (one FPE = one full forward pass over one window): the prior, the
             rounds and the final validation.
-        prior: ``"singles"`` (each block's measured KL on the high-fidelity windows, the default), another
+        prior: ``"singles"`` (each block's measured KL on the ``prior_windows``, the default), another
             estimator name (``cbo.estimate_hessian`` on the same windows), or a ``BlockQUBO`` (cost ``prior_cost``).
         keep / caps: blocks never removed; ``{kind: max removed}`` (sublayer: ``{"attention": M, "mlp": M}``
             with ``remove=2M`` removes M layers' worth of each).
@@ -363,7 +405,9 @@ def refine(
         progress: called after each round (round, best measured loss, budget used).
         seed: the random stream.
         **options: options of :func:`refine_search` (``low_windows``, ``high_windows``, ``batch``, ``promote``,
-            ``thompson``, ``validate``, ``patience``, ``solver``, ...).
+            ``thompson``, ``local``, ``validate``, ``patience``, ``solver``, ...), and ``prior_windows``: ``"high"``
+            (the prior is measured on the high-fidelity windows) or ``"low"`` (the default: on the low ones, a fraction
+            of the cost; the rounds' measurements correct it).
 
     Example:
         >>> r = refine(model, "layer", splits, remove=8, budget=500)   # doctest: +SKIP
@@ -382,12 +426,18 @@ def refine(
         raise InvalidOptionError(f"budget must be a positive number of forward-pass equivalents, got {budget!r}")
     ex = executor if executor is not None else InProcessExecutor(model, block_list, calibration)
     measure = Measurements(ex)
-    low = int(options.get("low_windows", 2))
+    low = int(options.get("low_windows", 1))
+    options["low_windows"] = low
     high = int(options.get("high_windows", min(16, measure.n_windows)))
     options["high_windows"] = high
     validate = int(options.get("validate", 10))
     _check(low, high, 1, 0, 0.5, validate, 1, measure.n_windows, budget)
-    _, hi_ids = fidelity_windows(measure.n_windows, low, high, np.random.default_rng(seed))
+    lo_ids, hi_ids = fidelity_windows(measure.n_windows, low, high, np.random.default_rng(seed))
+    prior_windows = options.pop("prior_windows", "low")
+    if prior_windows not in ("high", "low"):
+        raise InvalidOptionError(
+            f"prior_windows must be 'high' or 'low' (the fidelity the prior is measured at), got {prior_windows!r}"
+        )
     validate_fn, reserve = None, 0.0
     if validation is not None:
         vmeasure = Measurements(InProcessExecutor(model, block_list, validation))
@@ -400,7 +450,8 @@ def refine(
                 f"on {vmeasure.n_windows} windows, plus their original passes) and the prior; raise the budget "
                 "or validate fewer sets"
             )
-    prior_qubo, prior_cost = _prior(model, block_list, calibration, hi_ids, prior, prior_cost, measure)
+    prior_ids = hi_ids if prior_windows == "high" else lo_ids
+    prior_qubo, prior_cost = _prior(model, block_list, calibration, prior_ids, prior, prior_cost, measure)
     prior_qubo = prior_qubo.with_constraints(keep=tuple(keep), caps=dict(caps or {}))
     if validation is not None:
 

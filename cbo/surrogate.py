@@ -105,10 +105,10 @@ class BayesianQuadratic:
         self.fit_ = best
         return best
 
-    def predict(self, X: np.ndarray, low: bool = False) -> np.ndarray:
-        """Posterior-mean loss of sets ``X`` at full (or low) fidelity."""
+    def predict(self, X: np.ndarray, low: bool = False, theta: np.ndarray | None = None) -> np.ndarray:
+        """Loss of sets ``X`` at full (or low) fidelity under ``theta`` (default: the posterior mean)."""
         Z = features(self.prior, X, np.full(np.asarray(X).reshape(-1, self.n).shape[0], float(low)))
-        return Z @ self._fitted().mean
+        return Z @ (self._fitted().mean if theta is None else np.asarray(theta, dtype=np.float64))
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         """One posterior draw of the coefficients (Matheron's rule: prior draw + data correction)."""

@@ -189,3 +189,37 @@ def test_a_budget_below_the_validation_reserve_is_refused_before_the_prior(tiny_
     # the reserve: 10 sets on 4 validation windows at most one full pass each, plus the 4 original passes
     with pytest.raises(InvalidOptionError, match=r"validation reserve \(44 FPE"):
         refine(model, "layer", calibration, validation, remove=2, budget=40, validate=10)
+
+
+def test_the_trust_region_proposes_near_the_best_measured_sets():
+    n, remove = 16, 5
+    _, _, fn = planted_quadratic(n, seed=6, coupling=0.4)
+    ex = SyntheticExecutor(fn, n_windows=4)
+    r = _loop(fn, n, remove, ex, budget=500, patience=100, local=1.0, thompson=0.0, local_parents=2, solver="auto")
+    assert len(r.rounds) > 3
+    high: list[tuple[float, tuple[int, ...]]] = []
+    for k, rnd in enumerate(r.rounds):
+        if k > 0:  # the first round has no fitted surrogate: the prior's own lowest states
+            parents = [s for _, s in sorted(high)[:2]]
+            for p in rnd["proposals"]:
+                assert min(len(set(p) ^ set(q)) for q in parents) <= 6  # at most three swaps from a parent
+        high += [(y, tuple(s)) for s, y in zip(rnd["promoted"], rnd["high_loss"])]
+
+
+def test_local_options_are_checked():
+    _, _, fn = planted_quadratic(8)
+    with pytest.raises(InvalidOptionError, match="local \\+ thompson"):
+        _loop(fn, 8, 3, SyntheticExecutor(fn), local=0.8, thompson=0.4)
+    with pytest.raises(InvalidOptionError, match="screen"):
+        _loop(fn, 8, 3, SyntheticExecutor(fn), screen=0)
+
+
+def test_the_prior_measured_on_the_low_windows_by_default_costs_less(tiny_model, tiny_windows):
+    model = tiny_model("llama", n_layers=5, seed=0)
+    calibration = tiny_windows(model, n=4, seq_len=12, seed=1)
+    opts = dict(remove=2, budget=60, low_windows=1, high_windows=4, batch=3, promote=1, patience=2, validate=2)
+    high = refine(model, "layer", calibration, None, prior_windows="high", **opts)
+    low = refine(model, "layer", calibration, None, **opts)  # the default
+    assert low.cost["prior"] < 0.5 * high.cost["prior"]  # one window instead of four
+    with pytest.raises(InvalidOptionError, match="prior_windows"):
+        refine(model, "layer", calibration, None, prior_windows="all", **opts)

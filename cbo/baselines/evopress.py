@@ -35,6 +35,7 @@ import numpy as np
 from cbo.baselines.base import BASELINES, Baseline, RankContext
 from cbo.baselines.ranking import Ranking, json_number
 from cbo.errors import InfeasibleError, InvalidOptionError
+from cbo.moves import SwapMoves
 
 FAST = {"offspring": 16}  # the published fast setting
 
@@ -91,39 +92,12 @@ def check_counts(kinds: Sequence[str], remove: int | Mapping[str, int], keep: Se
     return counts
 
 
-class _Search:
-    def __init__(self, kinds: Sequence[str], counts: dict[str, int], keep: Sequence[int], rng: np.random.Generator):
-        self.rng = rng
-        self.counts = counts
-        self.units = {k: [i for i, kk in enumerate(kinds) if kk == k and i not in set(keep)] for k in counts}
-        self.mutable = [k for k in counts if 0 < counts[k] < len(self.units[k])]
-
-    def random_set(self) -> tuple[int, ...]:
-        chosen: list[int] = []
-        for kind, c in self.counts.items():
-            chosen += [int(i) for i in self.rng.choice(self.units[kind], size=c, replace=False)]
-        return tuple(sorted(chosen))
-
-    def mutate(self, parent: tuple[int, ...], max_mutations: int) -> tuple[int, ...]:
-        removed = set(parent)
-        flips = min(int(self.rng.integers(1, max_mutations + 1)), int(self.rng.integers(1, max_mutations + 1)))
-        for _ in range(flips):
-            kind = self.mutable[int(self.rng.integers(len(self.mutable)))]
-            units = self.units[kind]
-            kept = [i for i in units if i not in removed]
-            gone = [i for i in units if i in removed]
-            add = kept[int(self.rng.integers(len(kept)))]
-            back = gone[int(self.rng.integers(len(gone)))]
-            removed.add(add)
-            removed.discard(back)
-        return tuple(sorted(removed))
-
-    def windows(self, n_pool: int, count: int) -> list[int]:
-        return sorted(int(w) for w in self.rng.choice(n_pool, size=min(count, n_pool), replace=False))
+def _minibatch(rng: np.random.Generator, n_pool: int, count: int) -> list[int]:
+    return sorted(int(w) for w in rng.choice(n_pool, size=min(count, n_pool), replace=False))
 
 
-def _select(measure: Any, search: _Search, candidates: list[tuple[int, ...]], survive: int, windows: int):
-    ids = search.windows(measure.n_windows, windows)
+def _select(measure: Any, search: SwapMoves, candidates: list[tuple[int, ...]], survive: int, windows: int):
+    ids = _minibatch(search.rng, measure.n_windows, windows)
     fitness = measure(candidates, ids).mean(axis=1)
     order = np.argsort(fitness, kind="stable")[:survive]
     return [candidates[i] for i in order], [float(fitness[i]) for i in order]
@@ -169,8 +143,9 @@ def evopress(
     counts = check_counts(kinds, remove, keep)
     stages = [(int(s), int(w)) for s, w in stages]
     _check_options(generations, offspring, initial, initial_windows, stages, max_mutations, measure.n_windows)
-    search = _Search(kinds, counts, keep, np.random.default_rng(seed))
-    if not search.mutable:
+    search = SwapMoves(kinds, keep, np.random.default_rng(seed))
+    mutable = [k for k in counts if 0 < counts[k] < len(search.units[k])]
+    if not mutable:
         raise InvalidOptionError(f"every kind is removed entirely or not at all ({counts}); nothing can be swapped")
     if generations is None:
         kind = max((c, k) for k, c in counts.items())[1]
@@ -202,7 +177,7 @@ def evopress(
         seen: set[tuple[int, ...]] = set()
         limit = math.prod(math.comb(len(search.units[k]), c) for k, c in counts.items())
         while len(population) < min(initial, limit):
-            s = search.random_set()
+            s = search.random_set(counts)
             if s not in seen:
                 seen.add(s)
                 population.append(s)
@@ -218,7 +193,7 @@ def evopress(
         tries = 0
         while len(children) < offspring and tries < 1000 * offspring:  # a tiny space may hold fewer neighbours
             tries += 1
-            child = search.mutate(parent, max_mutations)
+            child = search.mutate(parent, max_mutations, mutable)
             if child != parent and child not in children:
                 children.append(child)
         for k, (survive, windows) in enumerate(stages):

@@ -293,7 +293,7 @@ def prune_depth(
 
 
 # the refinement loop's fidelities in prune_depth: proposals per round on LOW windows, PROMOTE of them on HIGH
-REFINE_LOW, REFINE_HIGH, REFINE_BATCH, REFINE_PROMOTE = 2, 16, 16, 4
+REFINE_LOW, REFINE_HIGH, REFINE_BATCH, REFINE_PROMOTE = 1, 16, 24, 4
 
 
 def refine_windows(n_calibration: int) -> tuple[int, int]:
