@@ -72,10 +72,10 @@ def test_bad_refine_budgets_are_refused_before_any_forward_pass(tiny_model, tiny
     for bad in (0, -5, True, "300", float("nan"), float("inf")):
         with pytest.raises(InvalidOptionError, match="refine must be a budget"):
             prune_depth(model, None, splits=splits, remove=1, refine=bad, **SOLVE)
-    with pytest.raises(InvalidOptionError, match=r"cannot pay one round.*refine >= 54"):
+    with pytest.raises(InvalidOptionError, match=r"cannot pay one round.*refine >= 50"):
         prune_depth(
             model, None, splits=splits, remove=1, refine=20, **SOLVE
-        )  # 16 sets x 2 windows + 4 x 4 more + 6 original passes
+        )  # 24 sets x 1 window + 4 x 5 more + 6 original passes
     with pytest.raises(CBOError, match="method='cbo' only"):
         prune_depth(model, None, splits=splits, remove=1, refine=300, method="sleb", **SOLVE)
 
