@@ -181,10 +181,9 @@ def refine_search(
         high = [(y, s) for s, y, lo in zip(sets, ys, lows) if not lo]
         return (min(high)[1], float(min(high)[0])) if high else (None, float("inf"))
 
-    def near(count: int, measured: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
-        """The trust region's share: mutations of the best high-fidelity sets, lowest under one posterior draw."""
-        sets, ys, _, lows = data()
-        parents = [s for _, s in sorted((y, s) for s, y, lo in zip(sets, ys, lows) if not lo)[:local_parents]]
+    def near(count: int, measured: set[tuple[int, ...]], parents: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The trust region's share: mutations of ``parents`` (the best high-fidelity sets), lowest under one
+        posterior draw."""
         if not parents or count < 1:
             return []
         pool: list[tuple[int, ...]] = []
@@ -201,10 +200,10 @@ def refine_search(
         score = surrogate.predict(X[ok], theta=surrogate.draw(rng))
         return [pool[ok[i]] for i in np.argsort(score, kind="stable")[:count]]
 
-    def propose(fitted: bool) -> list[tuple[int, ...]]:
+    def propose(fitted: bool, parents: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
         measured = set(k for k in measure.values if len(k) == remove)
         want = batch
-        out: list[tuple[int, ...]] = near(int(round(local * batch)), measured) if fitted else []
+        out: list[tuple[int, ...]] = near(int(round(local * batch)), measured, parents) if fitted else []
         n_draws = int(round(thompson * batch)) if fitted else 0
         qubo = surrogate.qubo() if fitted else prior
         k = min(want + len(measured), 4096)
@@ -249,7 +248,8 @@ def refine_search(
         hyper: dict[str, float] = {}
         if fitted:
             hyper = surrogate.fit(_rows(sets, prior.n), ys, nws, lows).hyper
-        proposals = propose(fitted)
+        parents = [s for _, s in sorted((y, s) for s, y, lo in zip(sets, ys, lows) if not lo)[:local_parents]]
+        proposals = propose(fitted, parents)
         if not proposals:
             stopped = "exhausted"
             break
