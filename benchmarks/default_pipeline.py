@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     clock = C.Stopwatch()
 
     from cbo import prune_depth
-    from cbo.blocks import find_blocks
-    from cbo.data import make_splits
-    from cbo.hessian.measure import MeasureCache, Measurer
-    from cbo.models import load_model
+    from cbo.data.windows import make_splits
+    from cbo.measure.measurer import MeasureCache, Measurer
+    from cbo.model.blocks import find_blocks
+    from cbo.model.loading import load_model
 
     model, tok = load_model(args.model)
     blocks = find_blocks(model, "layer")

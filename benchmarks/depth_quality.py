@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def ranking_for(method, model, windows, granularity, max_remove, caps, cache_dir: Path, fingerprint, progress):
     """A baseline ranking, from ``cache_dir`` when this exact run was done before."""
     from cbo.baselines import Ranking, rank_blocks
-    from cbo.data import data_hash
+    from cbo.data.windows import data_hash
 
     key = hashlib.sha256(
         json.dumps([method, granularity, fingerprint, data_hash(windows), max_remove, caps]).encode()
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     Ms = [int(m) for m in C.split_list(args.remove)]
 
     from cbo.hessian import names as estimator_names
-    from cbo.hessian.fingerprint import model_fingerprint
+    from cbo.model.fingerprint import model_fingerprint
 
     layer_specs_text = C.split_list(args.estimators)
     if layer_specs_text == ["registry"]:

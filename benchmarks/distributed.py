@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from benchmarks import harness as C
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 from cbo.solvers import solve
 from cbo.solvers.enumerate.ray import RayBackend, init_ray, release_workers, shutdown
 

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     C.setup_torch(args.threads)
     from cbo.downstream.harness import evaluate_tasks
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
     from cbo.surgery.depth import remove_blocks
 
     model, tokenizer = load_model(args.model, quiet=True)

@@ -1,6 +1,6 @@
 """Benchmark the exact CPU enumerator on synthetic block QUBOs.
 
-Two measurements per instance (``cbo.instances.random_block_qubo(n, seed=0)``), with 1 and 2 threads:
+Two measurements per instance (``cbo.qubo.instances.random_block_qubo(n, seed=0)``), with 1 and 2 threads:
 
 * plain enumeration: every one of the C(n, M) states visited (``bound=False``), reported as states/s;
 * exact top-10 by each strategy of the enumerator (``--strategies``): ``lexicographic`` (per-row bound +
@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks import harness as C
 from cbo import solve
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 
 CASES = [(32, 16), (40, 12), (80, 8)]
 STRETCH = [(40, 20), (80, 16)]

@@ -9,7 +9,7 @@ are measured on the same test windows. Fidelity: Spearman and Kendall correlatio
 over ``--random`` random sets of size M plus every variant's top-K states. The test split is only ever measured,
 never used to choose.
 
-Losses of removal sets are measured with ``cbo.hessian.measure`` (streams shared through a prefix tree, values
+Losses of removal sets are measured with ``cbo.measure.measurer`` (streams shared through a prefix tree, values
 equal to those of the surgically pruned model) and kept in a cache on disk, so every set is measured once per
 split whatever asks for it, and an interrupted run resumes. SLEB and PPL are computed from the same measurements
 (calibration cross-entropy of the pruned model, as ``cbo.baselines`` defines them; ``--check`` compares with
@@ -87,12 +87,12 @@ def log(*parts: Any) -> None:
 # ------------------------------------------------------------------------------------------------ measurements
 class Meter:
     """Mean KL to the original and perplexity of removal sets on one split (measured once, cached on disk), through
-    ``cbo.hessian.measure.Measurer``; ``retain`` keeps the split's original pass between calls (small splits)."""
+    ``cbo.measure.measurer.Measurer``; ``retain`` keeps the split's original pass between calls (small splits)."""
 
     def __init__(
         self, name: str, model: Any, blocks: list, windows: Any, cache: Any, batch_size: int, retain: bool = False
     ) -> None:
-        from cbo.hessian.measure import Measurer
+        from cbo.measure.measurer import Measurer
 
         self.name, self.windows, self.batch_size = name, windows, batch_size
         self.engine = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, retain=retain)
@@ -180,7 +180,7 @@ def baseline_sets(args: argparse.Namespace, model: Any, splits: Any, cal: Meter,
 # ------------------------------------------------------------------------------------------------ variants
 def pair_table_qubo(cal: Meter, n: int, couplings: str) -> Any:
     """The ``pairwise`` estimator's QUBO (``H_ii = 2 D({i})``, ``H_ij = b_ij``) from the shared measurements."""
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
 
     t = time.perf_counter()
     before = cal.work
@@ -326,10 +326,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     import torch
 
-    from cbo.blocks import find_blocks
-    from cbo.data import make_splits
-    from cbo.hessian.measure import MeasureCache
-    from cbo.models import load_model
+    from cbo.data.windows import make_splits
+    from cbo.measure.measurer import MeasureCache
+    from cbo.model.blocks import find_blocks
+    from cbo.model.loading import load_model
     from cbo.solvers import solve
 
     if args.threads:
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> dict:
                 best3 = int(np.argmin(kls[:3]))
                 rows[f"{v} (best of top-3)"] = {"set": states[best3], "rank": best3, "val_kl": kls[best3]}
                 qh = result["variants"][v][str(m)]["qubo"]
-                from cbo.qubo import BlockQUBO
+                from cbo.qubo.block_qubo import BlockQUBO
 
                 q = BlockQUBO(np.array(qh["H"]), np.array(qh["g"]))
                 X = np.zeros((len(pool), n))

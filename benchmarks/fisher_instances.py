@@ -1,6 +1,6 @@
 """Save the Fisher-shaped synthetic instances under ``benchmarks/instances/`` and compare them with the real ones.
 
-``cbo.instances.fisher_block_qubo`` draws ``H = AᵀA / samples`` from simulated per-sequence gate gradients fitted
+``cbo.qubo.instances.fisher_block_qubo`` draws ``H = AᵀA / samples`` from simulated per-sequence gate gradients fitted
 to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This script writes, with seed 0:
 
 * ``synthetic-fisher_sublayer_n60_s32.cboq``: the real sublayer instance's shape (60 halves, 32 samples, rank 32),
@@ -10,7 +10,7 @@ to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This scri
 * ``synthetic-fisher_layer_n80_s128.cboq`` and ``..._s2048.cboq``: the same model shape with 128 and with the
   paper's 2048 gradient samples (full rank).
 
-and prints the statistics of each (``cbo.instances.fisher_statistics``) beside the real instances'::
+and prints the statistics of each (``cbo.qubo.instances.fisher_statistics``) beside the real instances'::
 
     .venv/bin/python -m benchmarks.fisher_instances
     .venv/bin/python -m benchmarks.fisher_instances --out /tmp/inst --seed 1
@@ -21,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks import harness as C
-from cbo.instances import fisher_block_qubo, fisher_statistics
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.instances import fisher_block_qubo, fisher_statistics
 
 REAL = ("smollm2-135m_sublayer_fisher-kl", "smollm2-135m_layer_fisher-kl")
 # (granularity, n, samples) of the saved instances

@@ -74,9 +74,9 @@ def report_fields(folder: Path) -> dict:
 def evaluate_main(args: argparse.Namespace) -> None:
     """The ``evaluate`` step (in its own process): held-out PPL, KL and agreement of the original and each folder."""
     C.setup_torch(args.threads)
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
     from cbo.evaluate import evaluate, reference_logits
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
     from cbo.surgery.io import load_pruned
 
     model, tok = load_model(args.model, quiet=True)
@@ -99,17 +99,17 @@ def evaluate_main(args: argparse.Namespace) -> None:
 
 def memory_main(args: argparse.Namespace) -> None:
     """The ``memory`` step (in its own process): the measurer on one batch of 8 windows of 128 tokens, the
-    logits over chunks of positions (cbo.head) or, with ``--chunk-bytes`` huge, over every position at once."""
+    logits over chunks of positions (cbo.model.head) or, with ``--chunk-bytes`` huge, over every position at once."""
     import resource
 
     C.setup_torch(args.threads)
-    import cbo.head
-    from cbo.blocks import find_blocks
-    from cbo.data import make_splits
-    from cbo.hessian.measure import Measurer
-    from cbo.models import load_model
+    import cbo.model.head
+    from cbo.data.windows import make_splits
+    from cbo.measure.measurer import Measurer
+    from cbo.model.blocks import find_blocks
+    from cbo.model.loading import load_model
 
-    cbo.head.CHUNK_BYTES = args.chunk_bytes
+    cbo.model.head.CHUNK_BYTES = args.chunk_bytes
     model, tok = load_model(args.model, quiet=True)
     windows = make_splits(tok, seq_len=128, n_calibration=0, n_validation=8, n_test=0, seed=args.seed).validation
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

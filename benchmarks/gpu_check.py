@@ -103,7 +103,7 @@ def correctness() -> bool:
     import numpy as np
 
     from cbo import solve
-    from cbo.instances import random_block_qubo
+    from cbo.qubo.instances import random_block_qubo
 
     cases = [
         # (n, M, k, seed, constraints)
@@ -171,7 +171,7 @@ def throughput() -> None:
     import numpy as np
 
     from cbo import solve
-    from cbo.instances import random_block_qubo
+    from cbo.qubo.instances import random_block_qubo
     from cbo.solvers.base import Problem
     from cbo.solvers.enumerate.gpu import EnumerateGPU, enumerate_on_device
 

@@ -161,7 +161,7 @@ def device_of(args: argparse.Namespace) -> str:
 def hessian_cache(args: argparse.Namespace) -> Path:
     if args.hessian_cache:
         return Path(args.hessian_cache)
-    from cbo.models import cbo_home
+    from cbo.model.loading import cbo_home
 
     return cbo_home() / "cache" / "hessian"
 
@@ -169,8 +169,8 @@ def hessian_cache(args: argparse.Namespace) -> Path:
 def load(args: argparse.Namespace, *, n_calibration: int, n_validation: int, n_test: int) -> tuple[Any, Any, Any]:
     """(model, tokenizer, TokenSplits) on the default text (Austen: calibration Emma, validation Mansfield Park,
     test Persuasion)."""
-    from cbo.data import make_splits
-    from cbo.models import load_model
+    from cbo.data.windows import make_splits
+    from cbo.model.loading import load_model
 
     model, tok = load_model(args.model, device=device_of(args))
     splits = make_splits(
@@ -305,8 +305,8 @@ def cached_solve(qubo: Any, remove: int, solver: str, *, k: int, seed: int, cach
     import numpy as np
 
     from cbo.errors import CorruptFileError
+    from cbo.qubo.states import RankedStates
     from cbo.solvers import solve
-    from cbo.states import RankedStates
 
     digest = hashlib.sha256()
     for arr in (qubo.H, qubo.g):
@@ -329,12 +329,12 @@ class Measurer:
     """Test/validation metrics of removal sets, cached on disk so a rerun measures only what is new.
 
     The cache is keyed by the model's fingerprint, the split's data hash, the granularity and the removed set.
-    Sets are measured by ``cbo.hessian.measure.Measurer`` (the original pass of a split's windows once, every set
+    Sets are measured by ``cbo.measure.measurer.Measurer`` (the original pass of a split's windows once, every set
     from its recorded streams, no model copies); its values equal those of the surgically pruned model.
     """
 
     def __init__(self, model: Any, splits: Any, cache_file: Path, *, batch_size: int = 8) -> None:
-        from cbo.hessian.fingerprint import model_fingerprint
+        from cbo.model.fingerprint import model_fingerprint
 
         self.model = model
         self.splits = splits
@@ -353,7 +353,7 @@ class Measurer:
         self.measure_time = 0.0
 
     def blocks(self, granularity: str) -> list:
-        from cbo.blocks import find_blocks
+        from cbo.model.blocks import find_blocks
 
         if granularity not in self._blocks:
             self._blocks[granularity] = find_blocks(self.model, granularity)
@@ -364,7 +364,7 @@ class Measurer:
 
     def measurer(self, split: str, granularity: str, windows: int | None = None) -> Any:
         """The ``cbo`` measurer of one split (its first ``windows`` windows) at one granularity."""
-        from cbo.hessian.measure import Measurer as Engine
+        from cbo.measure.measurer import Measurer as Engine
 
         key = (split, granularity, windows)
         if key not in self._measurers:
@@ -373,7 +373,7 @@ class Measurer:
         return self._measurers[key]
 
     def _key(self, split: str, granularity: str, removed: Any, windows: int | None) -> str:
-        from cbo.data import data_hash
+        from cbo.data.windows import data_hash
 
         data = self._data(split, windows)
         text = json.dumps([self.fingerprint, data_hash(data), granularity, sorted(int(i) for i in removed)])

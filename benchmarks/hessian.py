@@ -57,9 +57,9 @@ def _peak_rss_mb() -> float:
 def run_case(name: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from cbo.blocks import find_blocks
     from cbo.hessian import estimate_hessian
-    from cbo.models import load_model
+    from cbo.model.blocks import find_blocks
+    from cbo.model.loading import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

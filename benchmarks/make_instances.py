@@ -67,7 +67,7 @@ def from_fidelity(result_path: Path, out: Path, name: str) -> list[Path]:
 
     import numpy as np
 
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
 
     result = json.loads(result_path.read_text())
     setup = result.get("setup", {})

@@ -6,7 +6,7 @@ depth proposer (the antepenultimate layer) and with CBO's (the ground state of t
 recovery budget is counted in optimizer steps (every candidate's, the discarded ones included, plus the final
 ones), and one-shot Taylor and AMP at the same ratio get a single recovery of exactly that many steps, so the
 comparison is fair; rows without any recovery are printed beside them. Recovery is MoP's own (next-token loss,
-LoRA, :func:`cbo.width.recovery.recover`) everywhere.
+LoRA, :func:`cbo.recovery.finetune.recover`) everywhere.
 
 Data as in ``benchmarks/width.py``: calibration 8 x 128 tokens (Emma; scores and recovery), control 4 x 128
 (Mansfield Park; MoP's criterion), test 16 x 128 (Persuasion; reported only). Each finished row is written to
@@ -108,14 +108,14 @@ def main(argv: list[str] | None = None) -> dict:
         return C.report_only(out, NAME, markdown)
     clock = C.Stopwatch()
     C.setup_torch(args.threads)
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
     from cbo.evaluate import evaluate, reference_logits
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
     from cbo.pipeline.proposers import depth_proposer
-    from cbo.recovery import check_heal_options
+    from cbo.recovery.finetune import recover
+    from cbo.recovery.healing import check_heal_options
     from cbo.width.mop import check_mop_options, mixture_of_pruners
     from cbo.width.prune import width_prune
-    from cbo.width.recovery import recover
 
     check_mop_options("kl", args.method)
     check_heal_options(max(args.recovery_steps, 1), args.method, lr=args.lr, batch_size=args.batch_size)

@@ -34,7 +34,7 @@ def calibration_pool(tok: Any, seq_len: int, size: int, seed: int) -> tuple[Any,
     """``size`` shuffled calibration windows of the default text and a description of where they come from."""
     import warnings
 
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -86,9 +86,9 @@ def paper_qubos(
     pool_info: dict[str, Any] | None = None,
 ) -> dict[int, Any]:
     """The paper-preset QUBO at every size in ``sizes`` (loaded when already written, else from the nested run)."""
-    from cbo.blocks import find_blocks
     from cbo.hessian import estimate_hessian
-    from cbo.qubo import BlockQUBO
+    from cbo.model.blocks import find_blocks
+    from cbo.qubo.block_qubo import BlockQUBO
 
     sizes = sorted(set(int(n) for n in sizes))
     bad = [n for n in sizes if n % batch_size or n > pool.shape[0]]
@@ -191,7 +191,7 @@ def stability(out: Path, sizes: list[int], Ms: list[int]) -> dict[str, Any]:
     """
     from itertools import combinations
 
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
     from cbo.solvers import solve
 
     written = sorted(int(p.stem.split("-n")[1]) for p in out.glob("paper-n*.cboq"))
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

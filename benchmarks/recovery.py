@@ -2,7 +2,7 @@
 
 For each M (blocks removed), the default pipeline (``cbo.prune_depth(model, remove=M, top_k=10, validate=10)``)
 ranks and validates its low-energy states; the ``--top`` best by validation KL (the pipeline's own order) are
-each healed with the same budget (:func:`cbo.recovery.heal`: knowledge distillation from the unpruned model's
+each healed with the same budget (:func:`cbo.recovery.healing`: knowledge distillation from the unpruned model's
 logits, LoRA by default) on calibration windows (Emma), and measured before and after on the validation split
 (Mansfield Park) and the test split (Persuasion): perplexity and KL to the unpruned model. Per M it reports the
 Spearman and Kendall correlation of the test perplexities before vs after, and whether the best state after
@@ -166,10 +166,10 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     import cbo
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
     from cbo.evaluate import reference_logits
-    from cbo.models import load_model
-    from cbo.recovery import check_heal_options, heal
+    from cbo.model.loading import load_model
+    from cbo.recovery.healing import check_heal_options, heal
     from cbo.surgery.depth import remove_blocks
 
     check_heal_options(args.steps, args.method, lr=args.lr, batch_size=args.batch_size)  # bad options: before work

@@ -31,8 +31,8 @@ import numpy as np
 
 import cbo
 from benchmarks import harness as C
-from cbo.instances import fisher_block_qubo
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.instances import fisher_block_qubo
 
 INSTANCES = C.INSTANCES
 REAL = "smollm2-135m_sublayer_fisher-kl"

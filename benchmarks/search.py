@@ -3,7 +3,7 @@
 For each grid point (granularity, M, calibration seed) and each method, the search runs on the calibration split
 (Emma; a pool of ``--calibration`` windows, the seed picks which), chooses with calibration and validation
 (Mansfield Park) only, and is charged its forward-pass equivalents (FPE: one full forward pass of the model over
-one window; see ``cbo.executors``). Reported, without charge to the method:
+one window; see ``cbo.measure.executors``). Reported, without charge to the method:
 
 * the anytime curve: after each step (generation, round, greedy step, batch) the method's incumbent, its KL to
   the original on the whole calibration pool, and — for up to ``--curve-points`` incumbents per method — its
@@ -143,9 +143,9 @@ class Point:
     """One grid point: its splits, blocks, evaluation caches and result files."""
 
     def __init__(self, spec: dict[str, Any], model: Any, tok: Any, args: argparse.Namespace, out: Path) -> None:
-        from cbo.blocks import find_blocks
-        from cbo.data import data_hash, make_splits
-        from cbo.hessian.fingerprint import model_fingerprint
+        from cbo.data.windows import data_hash, make_splits
+        from cbo.model.blocks import find_blocks
+        from cbo.model.fingerprint import model_fingerprint
 
         self.spec, self.model, self.args = spec, model, args
         self.name = spec["name"]
@@ -182,14 +182,14 @@ class Point:
         return self.dir / f"{method}.json"
 
     def executor(self, split: str, keep: int = 32) -> Any:
-        from cbo.executors import InProcessExecutor
+        from cbo.measure.executors import InProcessExecutor
 
         windows = {"calibration": self.calibration, "validation": self.validation, "test": self.test}[split]
         return InProcessExecutor(self.model, self.blocks, windows, keep_windows=keep)
 
     def evaluation(self, split: str) -> Any:
         """Uncharged measurements on a whole split (the anytime curve's KL, test PPL), cached on disk."""
-        from cbo.executors import Measurements
+        from cbo.measure.executors import Measurements
 
         if split not in self._evals:
             m = Measurements(self.executor(split, keep=16))
@@ -263,7 +263,7 @@ def evopress_settings(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_evopress(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     from cbo.baselines.evopress import evopress
-    from cbo.executors import Measurements
+    from cbo.measure.executors import Measurements
 
     m = Measurements(point.executor("calibration"))
     settings = evopress_settings(point, args)
@@ -334,7 +334,7 @@ def caps_of(point: Point) -> dict[str, int]:
 
 
 def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
-    from cbo.refine import refine
+    from cbo.search.refine import refine
 
     budget, how = refine_budget(point, args)
     hi = min(16, args.calibration) if not args.quick else 2
@@ -378,8 +378,8 @@ def run_singles(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     """The default: measured singles on the whole calibration pool, its top-K validated."""
     import numpy as np
 
-    from cbo.executors import Measurements, SearchCheckpoint
-    from cbo.qubo import BlockQUBO
+    from cbo.measure.executors import Measurements, SearchCheckpoint
+    from cbo.qubo.block_qubo import BlockQUBO
     from cbo.solvers import solve
 
     m = Measurements(point.executor("calibration"))
@@ -414,7 +414,7 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
     from cbo.baselines.evopress import check_counts
-    from cbo.executors import Measurements
+    from cbo.measure.executors import Measurements
 
     budget, how = refine_budget(point, args)
     rng = np.random.default_rng(1000 + point.seed)
@@ -424,7 +424,7 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     space = math.prod(math.comb(len(units[k]), c) for k, c in counts.items())
     hi = list(range(min(16, args.calibration) if not args.quick else 2))
     best, best_set, steps, seen = math.inf, None, [], set()
-    from cbo.executors import SearchCheckpoint
+    from cbo.measure.executors import SearchCheckpoint
 
     ckpt = SearchCheckpoint(point.checkpoint("random"), {"method": "random", "budget": budget, "windows": hi})
     saved = ckpt.load()
@@ -455,7 +455,7 @@ def run_random(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 def sleb_ranking(point: Point, args: argparse.Namespace) -> Any:
     """SLEB (``cbo.baselines.rank_blocks``) run once per calibration seed to the grid's largest M, cached."""
     from cbo.baselines import Ranking, rank_blocks
-    from cbo.data import data_hash
+    from cbo.data.windows import data_hash
 
     windows = point.calibration[: args.sleb_windows]
     steps = 15 if not args.quick else point.remove
@@ -482,7 +482,7 @@ def run_sleb(point: Point, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_blockpruner(point: Point, args: argparse.Namespace) -> dict[str, Any]:
     from cbo.baselines.blockpruner import blockpruner
-    from cbo.executors import Measurements
+    from cbo.measure.executors import Measurements
 
     if point.granularity != "sublayer":
         raise SystemExit("blockpruner runs at sublayer granularity only")
@@ -622,7 +622,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"wrote {out / 'search.md'} from {len(results['points'])} grid points", flush=True)
         return results
     C.setup_torch(args.threads)
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
 
     model, tok = load_model(args.model, device=C.device_of(args))
     points = [parse_point(p) for p in C.split_list(args.points)]

@@ -6,7 +6,7 @@ Instances (``--instances``, comma-separated groups):
   (80, 8), (80, 32);
 * ``real``: the default model's QUBOs in ``benchmarks/instances/`` (layer granularity, N = 30, at M = 8 and 15;
   the sublayer Fisher QUBO, N = 60, at M = 16 and 30);
-* ``fisher``: the Fisher-shaped instances of ``benchmarks/fisher_instances.py`` (``cbo.instances.fisher_block_qubo``)
+* ``fisher``: the Fisher-shaped instances of ``benchmarks/fisher_instances.py`` (``cbo.qubo.instances.fisher_block_qubo``)
   with 32, 128 and 2048 gradient samples: 60 sublayers at M = 16 and 30, 80 layers at M = 32 and 40.
 
 The reference of each (instance, M) is the exact enumerator's top-10 (``cbo.solve(q, M, "enumerate")``, which
@@ -14,7 +14,7 @@ takes its relaxation search on large spaces) under ``--reference-limit`` seconds
 else the best known (the 10 best distinct states of every run on that instance, the unfinished search
 included), marked so. Per solver: wall time, the gap of its best energy to the reference ground energy (also
 relative), and top-10 recall (its states with energy at or below the reference's 10th, so ties count; from
-``cbo.sweep.solver_row``). Every solver runs with ``--time-limit`` seconds except ``auto``, which runs as
+``cbo.solvers.sweep.solver_row``). Every solver runs with ``--time-limit`` seconds except ``auto``, which runs as
 users call it (its own 10 s budget); the table checks that the time-limited ``enumerate`` is never worse than
 ``auto``, state by state.
 
@@ -41,9 +41,9 @@ from typing import Any
 from benchmarks import harness as C
 from cbo import BlockQUBO, solve
 from cbo.errors import CBOError
-from cbo.instances import fisher_block_qubo, random_block_qubo
+from cbo.qubo.instances import fisher_block_qubo, random_block_qubo
 from cbo.solvers import available
-from cbo.sweep import solver_row
+from cbo.solvers.sweep import solver_row
 
 GROUPS = ("synthetic", "real", "fisher")
 SYNTHETIC = [(12, 4), (32, 8), (32, 16), (40, 12), (80, 8), (80, 32)]

@@ -81,7 +81,7 @@ def measure_one(args: argparse.Namespace) -> dict:
     import torch
 
     from cbo.evaluate import count_parameters, throughput
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
 
     C.setup_torch(args.threads)
     device = C.device_of(args)
@@ -112,7 +112,7 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
     """Prune and save every variant; returns {variant: {"path", "removed_layers", ...}}."""
     from cbo.baselines import select_blocks
     from cbo.evaluate import count_parameters
-    from cbo.models import resolve_model
+    from cbo.model.loading import resolve_model
     from cbo.surgery.depth import remove_blocks
     from cbo.surgery.io import save_pruned
     from cbo.width import width_prune

@@ -13,7 +13,7 @@ With ``--json``, the file also holds diagnostics of where two scores differ: eac
 heads and neurons per layer, the per-layer distribution of every score's unit importances (quantiles), and
 the within-layer Spearman correlation of every score with Taylor; ``--plot`` draws the per-layer allocation.
 
-Data (default Austen splits of :func:`cbo.data.make_splits`): calibration 8 windows x 128 tokens (Emma),
+Data (default Austen splits of :func:`cbo.data.windows.make_splits`): calibration 8 windows x 128 tokens (Emma),
 control 4 x 128 (validation novel; MoP criterion), test 16 x 128 (Persuasion). Scores are computed once and
 allocated for every ratio; the AFR variants share one set of calibration passes.
 
@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from benchmarks import harness as C
-from cbo.blocks import find_blocks
-from cbo.data import make_splits
+from cbo.data.windows import make_splits
 from cbo.evaluate import count_parameters, evaluate, reference_logits, throughput
-from cbo.models import load_model
+from cbo.model.blocks import find_blocks
+from cbo.model.loading import load_model
 from cbo.pipeline.proposers import CBOProposer, depth_proposer
 from cbo.surgery.depth import remove_blocks
 from cbo.surgery.width import prune_width

@@ -19,26 +19,26 @@ from cbo.errors import (
     UnknownSolverError,
 )
 from cbo.lazy import lazy_getattr
-from cbo.qubo import BlockQUBO, Constraints
+from cbo.qubo.block_qubo import BlockQUBO, Constraints
+from cbo.qubo.states import RankedStates, State
 from cbo.solvers.base import solve
-from cbo.states import RankedStates, State
 
 __version__ = "0.1.0"
 
 # Model-side API, imported on first use so that `import cbo` does not import torch.
 _LAZY = {
     "estimate_hessian": "cbo.hessian",
-    "Measurer": "cbo.hessian.measure",
+    "Measurer": "cbo.measure.measurer",
     "prune_depth": "cbo.pipeline",
     "compress": "cbo.pipeline",
     "DepthReport": "cbo.pipeline",
-    "load_model": "cbo.models",
+    "load_model": "cbo.model.loading",
     "remove_blocks": "cbo.surgery.depth",
     "save_pruned": "cbo.surgery.io",
     "load_pruned": "cbo.surgery.io",
-    "heal": "cbo.recovery",
+    "heal": "cbo.recovery.healing",
     "evaluate_tasks": "cbo.downstream.harness",
-    "convert_gguf": "cbo.convert",
+    "convert_gguf": "cbo.data.convert",
 }
 
 

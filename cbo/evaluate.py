@@ -19,11 +19,11 @@ import statistics
 import time
 from typing import Any
 
-from cbo.data import check_windows
+from cbo.data.windows import check_windows
 from cbo.errors import DataError
 from cbo.extras import require
-from cbo.forward import input_device, window_batches
-from cbo.head import position_logits
+from cbo.model.forward import input_device, window_batches
+from cbo.model.head import position_logits
 
 torch = require("torch", "evaluation")
 F = torch.nn.functional
@@ -42,7 +42,7 @@ def reference_logits(model: Any, windows: Any, *, batch_size: int = 8, dtype: An
 
     Computed once and reused for KL and agreement of every candidate. ``dtype`` (default float32) may be set to
     bfloat16/float16 to halve the memory of large references; comparisons are always done in float32. The
-    logits are computed a few positions at a time (:mod:`cbo.head`), so the only full-size tensor is the result.
+    logits are computed a few positions at a time (:mod:`cbo.model.head`), so the only full-size tensor is the result.
     """
     windows = check_windows(windows, model)
     dtype = torch.float32 if dtype is None else dtype

@@ -15,8 +15,8 @@ from cbo.errors import CBOError
 from cbo.extras import require
 
 if TYPE_CHECKING:
-    from cbo.qubo import BlockQUBO
-    from cbo.states import RankedStates
+    from cbo.qubo.block_qubo import BlockQUBO
+    from cbo.qubo.states import RankedStates
 
 
 def _figure(ax: Any, size: tuple[float, float]) -> tuple[Any, Any]:

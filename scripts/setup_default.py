@@ -10,7 +10,7 @@ import sys
 
 
 def main() -> int:
-    from cbo import assets
+    from cbo.data import assets
     from cbo.downstream import local_tasks
     from cbo.errors import CBOError
 

@@ -58,7 +58,7 @@ def cbo_home(tmp_path, monkeypatch):
 def default_model():
     """``(model, tokenizer)`` of the real default model; skips when `make setup` has not been run."""
     from cbo.errors import ModelError
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
 
     try:
         return load_model("smollm2-135m")
@@ -69,7 +69,7 @@ def default_model():
 @pytest.fixture(scope="session")
 def default_text():
     """Folder of the six Austen novels; skips when `make setup` has not been run."""
-    from cbo.assets import default_text_path
+    from cbo.data.assets import default_text_path
     from cbo.errors import DataError
 
     try:
@@ -81,9 +81,9 @@ def default_text():
 @pytest.fixture(scope="session")
 def installed():
     """Skip unless `make setup` installed the default model and text (for scripts that load them themselves)."""
-    from cbo.assets import default_text_path
+    from cbo.data.assets import default_text_path
     from cbo.errors import DataError, ModelError
-    from cbo.models import resolve_model
+    from cbo.model.loading import resolve_model
 
     try:
         resolve_model("smollm2-135m")

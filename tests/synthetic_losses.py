@@ -1,6 +1,6 @@
 """A synthetic executor for the search tests: losses from a known function of the removal set, no model.
 
-``SyntheticExecutor(fn, n_windows)`` answers ``run(requests)`` like ``cbo.executors.InProcessExecutor``: the loss
+``SyntheticExecutor(fn, n_windows)`` answers ``run(requests)`` like ``cbo.measure.executors.InProcessExecutor``: the loss
 of set ``s`` on window ``w`` is ``fn(s) * (1 + spread * u_w)`` with a fixed per-window factor (windows differ in
 difficulty, as real ones do), CE = KL + 1, and each (set, window) pair costs one FPE. It records every request so
 that tests can check what a search asked for.

@@ -120,7 +120,9 @@ def test_no_oversized_files():
     assert big == {}
 
 
-@pytest.mark.parametrize("module", ["cbo", "cbo.solvers", "cbo.qubo", "cbo.states", "cbo.instances", "cbo.registry"])
+@pytest.mark.parametrize(
+    "module", ["cbo", "cbo.solvers", "cbo.qubo.block_qubo", "cbo.qubo.states", "cbo.qubo.instances", "cbo.registry"]
+)
 def test_core_imports_without_torch(module):
     code = (
         "import sys, importlib\n"

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 import cbo
 from cbo.cli import app, register_commands
-from cbo.data import make_splits
+from cbo.data.windows import make_splits
 from cbo.errors import CBOError, DataError, InvalidQUBOError, UnknownSolverError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 
 register_commands()
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def row_seq_len_beyond_positions(folder, monkeypatch):
 
 def row_nul_bytes_warn(folder, monkeypatch):
     """4000 NUL bytes as text: a warning that names the document and says it looks like binary data."""
-    from cbo.data import load_documents
+    from cbo.data.windows import load_documents
 
     with pytest.warns(UserWarning, match=r"'junk' holds 4000 control characters \(4000 NUL\).*binary data"):
         load_documents([("junk", "\0" * 4000)])

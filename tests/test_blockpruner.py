@@ -10,7 +10,7 @@ from synthetic_losses import SyntheticExecutor, planted_quadratic
 
 from cbo.baselines.blockpruner import blockpruner, blockpruner_blocks
 from cbo.errors import InvalidOptionError
-from cbo.executors import Measurements
+from cbo.measure.executors import Measurements
 
 
 def _greedy_reference(fn, sizes, target):
@@ -68,8 +68,8 @@ def test_bad_input():
 
 
 def test_first_step_on_a_tiny_model_is_the_best_single_half(tiny_model, tiny_windows):
-    from cbo.blocks import find_blocks
-    from cbo.hessian.measure import measure_sets
+    from cbo.measure.measurer import measure_sets
+    from cbo.model.blocks import find_blocks
 
     model = tiny_model("llama", n_layers=3, seed=0)
     windows = tiny_windows(model, n=2, seq_len=10, seed=1)

@@ -28,16 +28,16 @@ def _forbid(*args, **kwargs):
 @pytest.fixture
 def no_work(monkeypatch):
     """Every long piece of work a writing command starts, replaced by one that raises WorkStarted."""
-    import cbo.models
+    import cbo.model.loading
     import cbo.pipeline
     import cbo.pipeline.compression
-    import cbo.sweep
+    import cbo.solvers.sweep
 
     monkeypatch.setattr(cbo.pipeline, "prune_depth", _forbid)
     monkeypatch.setattr(cbo.pipeline, "compress", _forbid)
     monkeypatch.setattr(cbo.pipeline.compression, "compress", _forbid)
-    monkeypatch.setattr(cbo.models, "load_model", _forbid)
-    monkeypatch.setattr(cbo.sweep, "make_grid", _forbid)
+    monkeypatch.setattr(cbo.model.loading, "load_model", _forbid)
+    monkeypatch.setattr(cbo.solvers.sweep, "make_grid", _forbid)
     return WorkStarted
 
 

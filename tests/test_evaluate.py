@@ -137,7 +137,7 @@ def test_throughput_on_pruned_gpt2(tiny_model):
 
 @pytest.mark.model
 def test_default_model_perplexity_and_timing(default_model, default_text):
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
 
     model, tokenizer = default_model
     splits = make_splits(tokenizer, n_calibration=2, n_validation=0, n_test=4)

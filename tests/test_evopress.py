@@ -11,7 +11,7 @@ from synthetic_losses import SyntheticExecutor, planted_quadratic
 
 from cbo.baselines.evopress import default_generations, evopress, evopress_blocks
 from cbo.errors import InvalidOptionError
-from cbo.executors import Measurements
+from cbo.measure.executors import Measurements
 
 SUBLAYER_KINDS = ["attention", "mlp"] * 10  # 10 layers' halves, interleaved as find_blocks orders them
 
@@ -116,8 +116,8 @@ def test_bad_options_are_refused(kwargs, match):
 
 
 def test_on_a_tiny_model_beats_random_sets(tiny_model, tiny_windows):
-    from cbo.blocks import find_blocks
-    from cbo.hessian.measure import measure_sets
+    from cbo.measure.measurer import measure_sets
+    from cbo.model.blocks import find_blocks
 
     model = tiny_model("llama", n_layers=6, seed=0)
     windows = tiny_windows(model, n=4, seq_len=12, seed=1)

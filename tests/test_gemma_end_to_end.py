@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def gemma():
     from cbo.errors import ModelError
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
 
     try:
         return load_model("gemma3-270m", quiet=True)
@@ -26,7 +26,7 @@ def gemma():
 def test_gemma_prunes_end_to_end(gemma, tmp_path):
     import transformers as tf
 
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
     from cbo.evaluate import evaluate
     from cbo.pipeline import prune_depth
     from cbo.surgery.io import save_pruned

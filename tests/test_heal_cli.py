@@ -55,9 +55,9 @@ def test_heal_saves_a_model_that_reloads_with_the_same_logits(folders, tmp_path)
     windows = torch.randint(0, healed.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     assert not torch.allclose(logits_of(healed, windows), logits_of(pruned, windows))  # it trained
     # the same heal through the Python API: the saved folder holds exactly the model it trains
-    from cbo.data import make_splits
-    from cbo.models import load_model
-    from cbo.recovery import heal
+    from cbo.data.windows import make_splits
+    from cbo.model.loading import load_model
+    from cbo.recovery.healing import heal
 
     student, tok = load_model(folders[1])
     teacher, _ = load_model(folders[0])
@@ -103,7 +103,7 @@ def test_bad_input_is_refused_before_any_work(folders, tmp_path):
 
 
 def test_an_interrupted_heal_resumes_to_the_weights_of_an_uninterrupted_one(folders, tmp_path, monkeypatch):
-    import cbo.recovery as recovery
+    import cbo.recovery.healing as recovery
 
     options = ["--steps", "6", "--lr", "1e-2", "--checkpoint-every", "1", "--full", "-q"]
     whole = tmp_path / "whole"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tiny_models import save_word_model
 from tiny_texts import word_texts
 
-from cbo.data import TokenSplits
+from cbo.data.windows import TokenSplits
 from cbo.errors import CBOError, InfeasibleError
 from cbo.pipeline import DepthReport, prune_depth
 from cbo.surgery.depth import remove_blocks
@@ -101,7 +101,7 @@ def test_validation_copies_no_model_and_only_the_choice_is_removed(tiny_model, t
 
 
 def test_sublayer_validation_equals_the_surgically_pruned_models(tiny_model, tiny_windows):
-    from cbo.blocks import find_blocks
+    from cbo.model.blocks import find_blocks
     from cbo.surgery.depth import remove_sublayers
 
     model = tiny_model("qwen2", n_layers=3)
@@ -276,7 +276,7 @@ def test_cli_hessian_and_prune(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from cbo.cli import app, register_commands
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
 
     monkeypatch.setenv("CBO_HOME", str(tmp_path / "home"))
     register_commands()

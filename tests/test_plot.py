@@ -5,7 +5,7 @@ import pytest
 
 from cbo import RankedStates
 from cbo import plot as cplot
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 
 pytest.importorskip("matplotlib")
 

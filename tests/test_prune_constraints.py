@@ -10,8 +10,8 @@ from tiny_models import CharTokenizer, build_tiny_model
 from tiny_texts import synthetic_novel
 from tiny_tokenizers import byte_level_tokenizer
 
-from cbo.blocks import find_blocks
 from cbo.errors import CBOError, InfeasibleError
+from cbo.model.blocks import find_blocks
 from cbo.pipeline import prune_depth
 
 TEXT = synthetic_novel(n_chapters=4).split("\n\n\n")

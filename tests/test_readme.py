@@ -69,7 +69,9 @@ def test_every_python_block_is_run_by_a_test():
     others = [b for b in blocks if b not in self_contained_blocks()]
     assert self_contained_blocks()
     refine = [b for b in others if "refine=" in b]  # tests/test_readme_refine.py runs it
-    heal = [b for b in others if b.lstrip().startswith("from cbo.recovery import heal")]  # tests/test_recovery.py
+    heal = [
+        b for b in others if b.lstrip().startswith("from cbo.recovery.healing import heal")
+    ]  # tests/test_recovery.py
     assert len(refine) <= 1 and len(heal) <= 1 and len(refine) + len(heal) == len(others)
 
 
@@ -97,8 +99,8 @@ def test_troubleshooting_lists_every_error_type():
     import inspect
 
     import cbo.errors
-    from cbo.assets import SourceUnavailableError
-    from cbo.models import CacheDirError
+    from cbo.data.assets import SourceUnavailableError
+    from cbo.model.loading import CacheDirError
 
     section = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
     types = [c for _, c in inspect.getmembers(cbo.errors, inspect.isclass) if issubclass(c, cbo.errors.CBOError)]

@@ -10,7 +10,7 @@ from cbo.errors import ModelError
 
 @pytest.fixture(scope="module")
 def gemma():
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
 
     try:
         return load_model("gemma3-270m", quiet=True)
@@ -21,9 +21,9 @@ def gemma():
 @pytest.mark.model
 @pytest.mark.slow
 def test_gemma3_windows_blocks_and_surgery(gemma, default_text):
-    from cbo.blocks import find_blocks
-    from cbo.data import make_splits, special_prefix
+    from cbo.data.windows import make_splits, special_prefix
     from cbo.evaluate import evaluate
+    from cbo.model.blocks import find_blocks
     from cbo.surgery.depth import remove_blocks
 
     model, tokenizer = gemma

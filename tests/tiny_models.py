@@ -98,7 +98,7 @@ def save_word_model(path, n_layers: int):
 
 def random_token_windows(model_or_vocab, n: int = 4, seq_len: int = 16, seed: int = 0):
     """Random int64 token windows ``(n, seq_len)`` valid for a model (or a vocabulary size)."""
-    from cbo.data import model_vocab_size, random_windows
+    from cbo.data.windows import model_vocab_size, random_windows
 
     vocab = model_or_vocab if isinstance(model_or_vocab, int) else model_vocab_size(model_or_vocab)
     return random_windows(n, seq_len, vocab, seed=seed)

@@ -3,9 +3,9 @@
 Each method ranks the removable blocks of a model (decoder layers, or attention / MLP halves with
 ``granularity="sublayer"``) from calibration windows and returns the blocks to remove for any M:
 ``block_influence`` and ``angular`` (``residual.py``), ``ppl`` and ``sleb`` (``removal.py``, measured through
-``cbo.hessian.measure``), ``taylor`` (``taylor.py``), and the searches ``evopress`` (``evopress.py``, a per-M
+``cbo.measure.measurer``), ``taylor`` (``taylor.py``), and the searches ``evopress`` (``evopress.py``, a per-M
 evolutionary search) and ``blockpruner`` (``blockpruner.py``, greedy sublayer removal by perplexity), both measured
-through ``cbo.executors``. ``base.py`` holds the registry and the two public calls,
+through ``cbo.measure.executors``. ``base.py`` holds the registry and the two public calls,
 ``ranking.py`` the result. A new baseline is one new module here, registered on :data:`BASELINES`.
 
 Example:

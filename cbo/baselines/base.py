@@ -141,10 +141,10 @@ class RankContext:
     Attributes:
         model: the causal LM (in eval mode while the baseline runs).
         windows: (B, T) calibration token windows.
-        blocks: ``cbo.blocks.find_blocks(model, granularity)``.
+        blocks: ``cbo.model.blocks.find_blocks(model, granularity)``.
         keep: blocks never removed; caps: ``{kind: max}`` limits greedy searches respect at every step.
         max_remove: the largest M needed (greedy steps, per-M searches).
-        cache: a ``cbo.hessian.measure.MeasureCache`` for removal measurements, or None.
+        cache: a ``cbo.measure.measurer.MeasureCache`` for removal measurements, or None.
     """
 
     method: str
@@ -255,7 +255,7 @@ def rank_blocks(
         >>> r = rank_blocks("ppl", model, splits)                  # doctest: +SKIP
         >>> r.select(8)                                            # doctest: +SKIP
     """
-    from cbo.blocks import find_blocks
+    from cbo.model.blocks import find_blocks
 
     cls = BASELINES.get(method)
     opts = BASELINES.make_options(cls, options)
@@ -276,7 +276,7 @@ def rank_blocks(
         )
     cache = None
     if cache_dir is not None:
-        from cbo.hessian.measure import MeasureCache
+        from cbo.measure.measurer import MeasureCache
 
         cache = MeasureCache(cache_dir, model, blocks)
     ctx = RankContext(
@@ -308,7 +308,7 @@ def select_blocks(
     cache_dir: str | Path | None = None,
     **options: Any,
 ) -> list[int]:
-    """The blocks a baseline removes (sorted indices into ``cbo.blocks.find_blocks(model, granularity)``).
+    """The blocks a baseline removes (sorted indices into ``cbo.model.blocks.find_blocks(model, granularity)``).
 
     Usable as ``prune_depth(..., method=NAME)``. See :func:`rank_blocks` for the arguments; ``caps`` limits the
     removed blocks per kind, e.g. ``{"attention": 4}``.

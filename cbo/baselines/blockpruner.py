@@ -6,7 +6,7 @@ damage of a half depends on what is gone). It stops once the removed halves hold
 (the paper prunes to a parameter sparsity) or after ``steps`` removals.
 
 Example:
-    >>> from cbo.executors import InProcessExecutor, Measurements                  # doctest: +SKIP
+    >>> from cbo.measure.executors import InProcessExecutor, Measurements                  # doctest: +SKIP
     >>> m = Measurements(InProcessExecutor(model, blocks, calibration))             # doctest: +SKIP
     >>> blockpruner(m, sizes=[b.n_params for b in blocks], target_params=8 * layer)  # doctest: +SKIP
 """
@@ -59,7 +59,7 @@ def blockpruner(
 
     Args:
         measure: ``measure(sets, windows, loss="ce") -> (n_sets, n_windows)`` mean next-token cross-entropy per
-            window (``cbo.executors.Measurements``), with ``n_windows``, ``fpe``, ``state()``, ``restore()``.
+            window (``cbo.measure.executors.Measurements``), with ``n_windows``, ``fpe``, ``state()``, ``restore()``.
         sizes: parameters of each block (``b.n_params``).
         target_params: stop once the removed blocks hold at least this many parameters.
         steps: stop after this many removals (one of ``target_params`` / ``steps`` is needed).
@@ -70,7 +70,7 @@ def blockpruner(
         checkpoint: a JSON file written after every step (an interrupted run resumes).
         progress: called after each step with ``{"step", "ppl", "removed", "fpe"}``.
     """
-    from cbo.executors import SearchCheckpoint
+    from cbo.measure.executors import SearchCheckpoint
 
     n = len(sizes)
     if target_params is None and steps is None:
@@ -125,7 +125,7 @@ def blockpruner_blocks(
     model: Any, blocks: Sequence[Any], calibration: Any, *, executor: Any = None, **options: Any
 ) -> BlockPrunerResult:
     """BlockPruner on a model: the thin adapter from blocks and calibration windows to :func:`blockpruner`."""
-    from cbo.executors import InProcessExecutor, Measurements
+    from cbo.measure.executors import InProcessExecutor, Measurements
 
     ex = executor if executor is not None else InProcessExecutor(model, blocks, calibration)
     return blockpruner(Measurements(ex), [int(b.n_params) for b in blocks], **options)
@@ -141,7 +141,7 @@ class BlockPruner(Baseline):
     ranks_up_to_max_remove = True
 
     def rank(self, ctx: RankContext) -> Ranking:
-        from cbo.executors import InProcessExecutor, Measurements
+        from cbo.measure.executors import InProcessExecutor, Measurements
 
         executor = InProcessExecutor(ctx.model, ctx.blocks, ctx.windows)
         try:

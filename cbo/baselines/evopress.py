@@ -18,7 +18,7 @@ Token counts are in windows of the pool here (the code counts tokens; the pool's
 Every generation is checkpointed; a resumed run continues with the same random stream and gives the same result.
 
 Example:
-    >>> from cbo.executors import InProcessExecutor, Measurements     # doctest: +SKIP
+    >>> from cbo.measure.executors import InProcessExecutor, Measurements     # doctest: +SKIP
     >>> m = Measurements(InProcessExecutor(model, blocks, calibration))   # doctest: +SKIP
     >>> evopress(m, kinds=[b.kind for b in blocks], remove=8).removed   # doctest: +SKIP
 """
@@ -35,7 +35,7 @@ import numpy as np
 from cbo.baselines.base import BASELINES, Baseline, RankContext
 from cbo.baselines.ranking import Ranking, json_number
 from cbo.errors import InfeasibleError, InvalidOptionError
-from cbo.moves import SwapMoves
+from cbo.search.moves import SwapMoves
 
 FAST = {"offspring": 16}  # the published fast setting
 
@@ -48,7 +48,7 @@ class EvoPressResult:
         removed: the removed block indices (sorted).
         fitness: its fitness on the last selection stage's windows of the last generation.
         generations: generations run.
-        fpe: forward-pass equivalents spent (see ``cbo.executors``), the initial population included.
+        fpe: forward-pass equivalents spent (see ``cbo.measure.executors``), the initial population included.
         history: one record per generation: ``{"generation", "fpe", "removed", "fitness"}`` (generation 0 is the
             initial selection).
         stopped: ``"generations"`` (ran its count) or ``"budget"``.
@@ -124,7 +124,7 @@ def evopress(
 
     Args:
         measure: ``measure(sets, windows) -> (n_sets, n_windows)`` KL to the original on pool windows, with
-            attributes ``n_windows`` and ``fpe`` and ``state()`` / ``restore()`` (``cbo.executors.Measurements``).
+            attributes ``n_windows`` and ``fpe`` and ``state()`` / ``restore()`` (``cbo.measure.executors.Measurements``).
         kinds: the kind of each block (``[b.kind for b in blocks]``).
         remove: units removed: an int (of each kind present) or ``{kind: count}``.
         offspring: λ, offspring per generation (32 published; 16 the fast setting).
@@ -163,7 +163,7 @@ def evopress(
         "seed": seed,
         "n_windows": measure.n_windows,
     }
-    from cbo.executors import SearchCheckpoint
+    from cbo.measure.executors import SearchCheckpoint
 
     ckpt = SearchCheckpoint(checkpoint, {"method": "evopress", **settings}) if checkpoint is not None else None
     saved = ckpt.load() if ckpt is not None else None
@@ -256,13 +256,13 @@ def evopress_blocks(
 
     Args:
         model: the causal LM.
-        blocks: ``cbo.blocks.find_blocks(model, granularity)``.
+        blocks: ``cbo.model.blocks.find_blocks(model, granularity)``.
         calibration: (W, T) calibration windows (the pool the minibatches are drawn from).
         remove: as in :func:`evopress`.
-        executor: a ``cbo.executors`` executor (default: in this process).
+        executor: a ``cbo.measure.executors`` executor (default: in this process).
         **options: options of :func:`evopress`.
     """
-    from cbo.executors import InProcessExecutor, Measurements
+    from cbo.measure.executors import InProcessExecutor, Measurements
 
     ex = executor if executor is not None else InProcessExecutor(model, blocks, calibration)
     return evopress(Measurements(ex), [b.kind for b in blocks], remove, **options)
@@ -337,7 +337,7 @@ class EvoPressOptions:
 @BASELINES.register
 class EvoPress(Baseline):
     """EvoPress for M = ``max_remove`` (a per-M search: the ranking answers that M only), per-kind counts from
-    :func:`kind_counts`; the search itself is :func:`evopress` on a ``cbo.executors`` in-process executor."""
+    :func:`kind_counts`; the search itself is :func:`evopress` on a ``cbo.measure.executors`` in-process executor."""
 
     name = "evopress"
     description = "EvoPress: (1+λ) evolutionary search over removal sets with KL fitness and multi-step selection"
@@ -345,7 +345,7 @@ class EvoPress(Baseline):
     ranks_up_to_max_remove = True
 
     def rank(self, ctx: RankContext) -> Ranking:
-        from cbo.executors import InProcessExecutor, Measurements
+        from cbo.measure.executors import InProcessExecutor, Measurements
 
         o = self.options
         kinds = [b.kind for b in ctx.blocks]

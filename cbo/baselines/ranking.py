@@ -55,7 +55,7 @@ class Ranking:
 
     Attributes:
         method, granularity: the rule and the block granularity.
-        names, kinds, sizes: the blocks (as ``cbo.blocks.find_blocks`` lists them).
+        names, kinds, sizes: the blocks (as ``cbo.model.blocks.find_blocks`` lists them).
         scores: per-block score, lower = removed first (BI, Taylor importance, loss with the block removed);
             ``nan`` for blocks that may not be removed.
         order: greedy removal order (SLEB), ``order_losses[k]`` the calibration loss after ``order[:k+1]``.

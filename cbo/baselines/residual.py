@@ -37,7 +37,7 @@ class _ResidualStates:
     """
 
     def __init__(self, model: Any, granularity: str) -> None:
-        from cbo.blocks import decoder_layers, layer_parts
+        from cbo.model.blocks import decoder_layers, layer_parts
 
         self.layers, _ = decoder_layers(model)
         self.parts = [layer_parts(layer, model) for layer in self.layers] if granularity == "sublayer" else None
@@ -47,7 +47,7 @@ class _ResidualStates:
         self.attn: dict[int, Any] = {}
 
     def __enter__(self) -> _ResidualStates:
-        from cbo.blocks import branch_tensor
+        from cbo.model.blocks import branch_tensor
 
         def pre(k: int):
             def hook(module: Any, args: tuple, kwargs: dict) -> None:

@@ -26,7 +26,7 @@ TAYLOR_PROTECT = (4, 2)  # Taylor+: the first four and the last two blocks are n
 
 def block_param_modules(model: Any, block: Any) -> list[Any]:
     """The modules whose parameters a block's removal deletes (a layer; or a half and the norms only it uses)."""
-    from cbo.blocks import decoder_layers, layer_parts
+    from cbo.model.blocks import decoder_layers, layer_parts
 
     if block.kind == "layer":
         return [block.module]
@@ -48,7 +48,7 @@ def taylor_importance(
     Example:
         >>> importance, passes = taylor_importance(model, windows, find_blocks(model))   # doctest: +SKIP
     """
-    from cbo.forward import model_logits
+    from cbo.model.forward import model_logits
 
     params = list(model.parameters())
     saved = [(p, p.requires_grad, p.grad) for p in params]

@@ -50,7 +50,7 @@ def eval_tasks(
 
     try:
         from cbo.downstream.harness import evaluate_tasks, parse_tasks, task_manager
-        from cbo.models import load_model
+        from cbo.model.loading import load_model
 
         if limit is not None and (limit <= 0 or (limit >= 1 and limit != int(limit))):
             raise DataError(f"--limit {limit} must be a whole number of items or a fraction in (0, 1)")

@@ -60,8 +60,8 @@ def heal(
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Heal a pruned model: distil the unpruned model's next-token distributions into it, save it to --out."""
-    from cbo.recovery import check_heal_options
-    from cbo.recovery import heal as run_heal
+    from cbo.recovery.healing import check_heal_options
+    from cbo.recovery.healing import heal as run_heal
 
     method = "lora" if lora else "full"
     # the heal's settings, checked here (before any loading) and then passed to the heal itself
@@ -81,8 +81,8 @@ def heal(
     except CBOError as exc:
         fail(exc)
 
-    from cbo.data import make_splits
-    from cbo.models import load_model
+    from cbo.data.windows import make_splits
+    from cbo.model.loading import load_model
 
     ckpt = out / CHECKPOINT_FOLDER
     last = {"step": 0}

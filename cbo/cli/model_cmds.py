@@ -51,9 +51,9 @@ def hessian(
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Estimate the block-removal QUBO of a model on calibration text and save it (for `cbo solve`)."""
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
     from cbo.hessian import estimate_hessian
-    from cbo.models import load_model
+    from cbo.model.loading import load_model
     from cbo.pipeline.inputs import cache_dirs
 
     try:
@@ -189,7 +189,7 @@ def prune(
     remove = 8 if remove is None else remove
     try:
         opts = parse_options(option, "--option")
-        from cbo.models import load_model
+        from cbo.model.loading import load_model
 
         manager = None
         if tasks is not None:

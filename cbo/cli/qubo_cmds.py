@@ -15,8 +15,8 @@ from cbo.cli import app
 from cbo.cli.common import check_outputs, console, err_console, fail, parse_blocks, parse_options, plain
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
-from cbo.qubo import BlockQUBO
-from cbo.states import RankedStates
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.states import RankedStates
 
 qubo_app = typer.Typer(help="Inspect and create QUBO files.", no_args_is_help=True)
 app.add_typer(qubo_app, name="qubo")
@@ -172,7 +172,7 @@ def qubo_random(
     rank: Optional[int] = typer.Option(None, help="Rank of the coupling (default n//8)."),
 ) -> None:
     """Write a synthetic instance shaped like a block Hessian."""
-    from cbo.instances import random_block_qubo
+    from cbo.qubo.instances import random_block_qubo
 
     try:
         check_outputs((output,))

@@ -14,7 +14,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _installable() -> str:
-    from cbo.models import MODEL_ASSETS
+    from cbo.model.loading import MODEL_ASSETS
 
     return ", ".join(MODEL_ASSETS.names())
 
@@ -33,9 +33,9 @@ def setup(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the final folders."),
 ) -> None:
     """Install models, the default text and the local tasks (idempotent; `make setup` runs it with no arguments)."""
-    from cbo import assets
+    from cbo.data import assets
     from cbo.errors import CBOError
-    from cbo.models import DEFAULT_MODEL, MODEL_ASSETS, model_dir
+    from cbo.model.loading import DEFAULT_MODEL, MODEL_ASSETS, model_dir
 
     if list_models:
         for name, asset in MODEL_ASSETS.items():
@@ -84,7 +84,7 @@ def convert(
         check_outputs(folders=(output,), overwrite=force)
         import torch
 
-        from cbo.convert import MANIFEST, convert_gguf
+        from cbo.data.convert import MANIFEST, convert_gguf
 
         folder = convert_gguf(gguf, output, dtype=getattr(torch, dtype), overwrite=force, progress=not quiet)
     except CBOError as exc:

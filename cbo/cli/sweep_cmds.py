@@ -75,7 +75,7 @@ def sweep(
 ) -> None:
     """Run solvers over a grid of instances, M and seeds; finished cells are kept, so a rerun resumes (also after
     Ctrl-C, which stops the cell running and exits with status 130)."""
-    from cbo.sweep import make_grid, results_table, run_sweep, write_table
+    from cbo.solvers.sweep import make_grid, results_table, run_sweep, write_table
 
     try:
         check_outputs((out, table or out.with_suffix(".csv")), make_parents=True)
@@ -99,7 +99,7 @@ def sweep(
     except CBOError as exc:
         fail(exc)
     except KeyboardInterrupt:
-        from cbo.sweep import read_records
+        from cbo.solvers.sweep import read_records
 
         kept = len(read_records(out)) if out.exists() else 0
         err_console.print(

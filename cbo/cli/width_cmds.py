@@ -97,7 +97,7 @@ def compress(
 @app.command()
 def widths(folder: Path = typer.Argument(..., help="A saved (pruned) model folder.")) -> None:
     """Per-layer head counts and MLP widths of a saved model."""
-    from cbo.structures import layer_widths
+    from cbo.model.structures import layer_widths
     from cbo.surgery.io import load_pruned
 
     try:

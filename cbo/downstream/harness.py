@@ -23,7 +23,7 @@ from typing import Any
 from cbo.downstream.local_tasks import LOCAL_TAG, LOCAL_TASKS, ensure_local_tasks, installed_local_tasks
 from cbo.errors import DataError, UnknownNameError
 from cbo.extras import require
-from cbo.models import silenced
+from cbo.model.loading import silenced
 
 _LOGGERS = ("lm_eval", "lm-eval", "datasets", "accelerate")
 
@@ -131,7 +131,7 @@ def window_loglikelihoods(model: Any, tokenizer: Any, windows: Any, *, batch_siz
     The cross-check between lm-eval and :func:`cbo.evaluate.evaluate`: ``-sum(result) / (B * (T - 1))`` is the
     mean NLL that ``evaluate`` reports for the same windows.
     """
-    from cbo.data import check_windows
+    from cbo.data.windows import check_windows
 
     windows = check_windows(windows, model)
     lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=int(windows.shape[1]))

@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cbo.assets import AUSTEN_ROLES, default_text_path
+from cbo.data.assets import AUSTEN_ROLES, default_text_path
 from cbo.errors import DataError
-from cbo.models import cbo_home, staged_folder
+from cbo.model.loading import cbo_home, staged_folder
 
 LOCAL_TAG = "austen"
 CLOZE, CHOICE = "austen_cloze", "austen_choice"

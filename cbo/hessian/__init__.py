@@ -11,34 +11,25 @@ class decorated with ``@register``, see ``base.py``). Built in:
 * ``pairwise`` measured loss with every single and pair of blocks removed.
 * ``hybrid``, ``fit``, ``trust``: measured singles with Fisher-correlation couplings, refined by measurements.
 
-Every measured loss goes through :class:`cbo.hessian.measure.Measurer`.
+Measured losses come from :mod:`cbo.measure` (the prefix tree and its measurer); the gates from
+:mod:`cbo.model.gates`.
 """
 
 from __future__ import annotations
 
 from cbo.hessian.base import ESTIMATORS, Estimator, Run, describe, get, names, register
 from cbo.hessian.driver import estimate_hessian, tokens_hash
-from cbo.hessian.fingerprint import model_fingerprint
-from cbo.hessian.gates import Gates, gate_blocks, set_gates
-from cbo.hessian.losses import LOSSES
-from cbo.hessian.measure import Measurer, SetLosses, Work
+from cbo.measure.losses import LOSSES
 
 __all__ = [
     "ESTIMATORS",
     "LOSSES",
     "Estimator",
-    "Gates",
-    "Measurer",
     "Run",
-    "SetLosses",
-    "Work",
     "describe",
     "estimate_hessian",
-    "gate_blocks",
     "get",
-    "model_fingerprint",
     "names",
     "register",
-    "set_gates",
     "tokens_hash",
 ]

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from cbo.errors import DataError
-from cbo.forward import model_logits
-from cbo.hessian.gates import Gates
-from cbo.hessian.losses import LOSSES
+from cbo.measure.losses import LOSSES
+from cbo.model.forward import model_logits
+from cbo.model.gates import Gates
 from cbo.registry import Registry
 
 ESTIMATORS: Registry[type[Estimator]] = Registry(
@@ -51,7 +51,7 @@ class Run:
 
     ``passes`` and ``equivalents`` count the current batch's work (the driver sums them over batches):
     passes by kind, and forward work in forward-pass equivalents (one full forward over all calibration
-    windows is 1; a measured removal set costs a fraction of one, see :class:`cbo.hessian.measure.Measurer`).
+    windows is 1; a measured removal set costs a fraction of one, see :class:`cbo.measure.measurer.Measurer`).
     """
 
     model: torch.nn.Module
@@ -81,9 +81,9 @@ class Run:
         self.passes["backward"] += n
 
     def measurer(self, tokens: torch.Tensor, cache: Any = None) -> Any:
-        """A :class:`~cbo.hessian.measure.Measurer` of removal sets on ``tokens`` (one or more calibration
+        """A :class:`~cbo.measure.measurer.Measurer` of removal sets on ``tokens`` (one or more calibration
         batches) whose forward-pass equivalents are in this run's unit (all calibration windows)."""
-        from cbo.hessian.measure import Measurer
+        from cbo.measure.measurer import Measurer
 
         return Measurer(
             self.model,
@@ -95,7 +95,7 @@ class Run:
         )
 
     def count_measured(self, work: Any) -> None:
-        """Add a measurer's work (a :class:`~cbo.hessian.measure.Work`, or a difference of two) to this batch."""
+        """Add a measurer's work (a :class:`~cbo.measure.measurer.Work`, or a difference of two) to this batch."""
         self.passes["forward"] += work.original_passes + work.full_passes
         self.equivalents += work.forward_equivalents
 

@@ -22,7 +22,7 @@ _FORMAT = "cbo.hessian-checkpoint"
 
 def ensure_writable_dir(path: str | Path, purpose: str) -> Path:
     """Create ``path`` if needed and check that files can be written there (CacheDirError otherwise)."""
-    from cbo.models import writable_dir
+    from cbo.model.loading import writable_dir
 
     return writable_dir(path, purpose)
 

@@ -15,14 +15,14 @@ import numpy as np
 import torch
 
 from cbo.errors import CorruptFileError, DataError, InvalidOptionError
-from cbo.forward import input_device
 from cbo.hessian.base import ESTIMATORS, Run
 from cbo.hessian.checkpoint import Checkpoint, ensure_writable_dir
-from cbo.hessian.fingerprint import cache_mismatch, model_fingerprint
-from cbo.hessian.gates import Gates, resolve_blocks
-from cbo.hessian.losses import check_loss
+from cbo.measure.losses import check_loss
+from cbo.model.fingerprint import cache_mismatch, model_fingerprint
+from cbo.model.forward import input_device
+from cbo.model.gates import Gates, resolve_blocks
 from cbo.progress import progress_bar
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
 
 PARTIAL_SAVE_INTERVAL_S = 30.0
 
@@ -30,10 +30,12 @@ PARTIAL_SAVE_INTERVAL_S = 30.0
 # --------------------------------------------------------------------------------------- identity
 def as_windows(windows: Any, model: torch.nn.Module | None = None) -> torch.Tensor:
     """(B, T) int64 token windows from a tensor, array, nested list or ``TokenSplits`` (its calibration)."""
-    from cbo.data import check_windows
+    from cbo.data.windows import check_windows
 
     if windows is None:
-        raise DataError("no calibration windows given; pass a (B, T) token tensor or cbo.data.make_splits(...).")
+        raise DataError(
+            "no calibration windows given; pass a (B, T) token tensor or cbo.data.windows.make_splits(...)."
+        )
     if hasattr(windows, "calibration") and not isinstance(windows, torch.Tensor):
         windows = windows.calibration
     if not isinstance(windows, torch.Tensor):
@@ -46,7 +48,7 @@ def as_windows(windows: Any, model: torch.nn.Module | None = None) -> torch.Tens
 
 def tokens_hash(tokens: torch.Tensor) -> str:
     """The data hash of token windows (the one ``TokenSplits.info`` records)."""
-    from cbo.data import data_hash
+    from cbo.data.windows import data_hash
 
     return data_hash(tokens.to(torch.int64))
 
@@ -146,7 +148,7 @@ def estimate_hessian(
         "seed": seed,
     }
     if cls.measures:
-        from cbo.hessian.replay import VERSION
+        from cbo.measure.replay import VERSION
 
         identity["measurer"] = VERSION
     key = run_key(identity)

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from cbo.hessian.base import Estimator, register
-from cbo.hessian.losses import LossFn, log_probs
 from cbo.hessian.options import check_bool
+from cbo.measure.losses import LossFn, log_probs
 
 
 @register

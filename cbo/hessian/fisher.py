@@ -30,8 +30,8 @@ import torch
 from cbo.errors import InvalidOptionError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.gram import add_gram, gram_state
-from cbo.hessian.losses import ce_per_sequence, log_probs, nll_of_labels, predicted_positions
 from cbo.hessian.options import check_int
+from cbo.measure.losses import ce_per_sequence, log_probs, nll_of_labels, predicted_positions
 
 
 @register

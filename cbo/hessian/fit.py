@@ -92,7 +92,7 @@ class FitEstimator(TargetedEstimator):
 
     def sample_sets(self, H0: np.ndarray, g0: np.ndarray, D1: np.ndarray, m: int, keep: set[int]) -> list[list[int]]:
         """Low-energy states of E₀ and their 1-3 swap perturbations, ``n_sets`` distinct sets of size m."""
-        from cbo.qubo import BlockQUBO
+        from cbo.qubo.block_qubo import BlockQUBO
         from cbo.solvers import solve
 
         n = len(g0)

@@ -32,9 +32,9 @@ import torch
 from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.gram import add_gram, gram_state
-from cbo.hessian.losses import log_probs, nll_of_labels
-from cbo.hessian.measure import MeasureCache, Work
 from cbo.hessian.options import check_choice, check_indices, check_int, check_number
+from cbo.measure.losses import log_probs, nll_of_labels
+from cbo.measure.measurer import MeasureCache, Work
 
 COUPLINGS = ("positive", "raw", "none")
 

@@ -32,8 +32,8 @@ import torch
 
 from cbo.errors import ModelError
 from cbo.hessian.base import Estimator, register
-from cbo.hessian.gates import Gates
-from cbo.hessian.losses import ce_per_sequence
+from cbo.measure.losses import ce_per_sequence
+from cbo.model.gates import Gates
 
 
 def paper_gate_layout(model: torch.nn.Module, blocks: list) -> tuple[list, np.ndarray]:
@@ -46,7 +46,7 @@ def paper_gate_layout(model: torch.nn.Module, blocks: list) -> tuple[list, np.nd
     """
     halves: dict[int, list] = {}
     if any(b.kind == "layer" for b in blocks):
-        from cbo.blocks import find_blocks
+        from cbo.model.blocks import find_blocks
 
         for sub in find_blocks(model, "sublayer"):
             halves.setdefault(sub.layer, []).append(sub)

@@ -73,7 +73,7 @@ class TrustRegionEstimator(TargetedEstimator):
 
     # ------------------------------------------------------------------ the search
     def _start(self, H: np.ndarray, g: np.ndarray, m: int, keep: set[int]) -> np.ndarray:
-        from cbo.qubo import BlockQUBO
+        from cbo.qubo.block_qubo import BlockQUBO
         from cbo.solvers import solve
 
         q = BlockQUBO(H, g, keep=sorted(keep)) if keep else BlockQUBO(H, g)

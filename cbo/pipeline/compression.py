@@ -222,9 +222,9 @@ def compress(
     """Compress a causal LM to about ``ratio`` fewer parameters by depth and/or width pruning.
 
     Args:
-        model: a model, or a name/folder for :func:`cbo.models.load_model` (then ``tokenizer`` may be None).
+        model: a model, or a name/folder for :func:`cbo.model.loading.load_model` (then ``tokenizer`` may be None).
         tokenizer: the model's tokenizer (needed to cut ``text`` into windows unless ``splits`` is given).
-        text: calibration/evaluation text (see :func:`cbo.data.load_documents`); None = the default Austen text.
+        text: calibration/evaluation text (see :func:`cbo.data.windows.load_documents`); None = the default Austen text.
         ratio: fraction of the parameters to remove, in (0, 1), of ``ratio_of``: ``"blocks"`` (default: the
             prunable parameters, those of the decoder layers) or ``"model"`` (all of them, embeddings and head
             included: on a model with a large vocabulary the same ratio removes far more of its layers).
@@ -239,8 +239,8 @@ def compress(
             score's own; see :func:`cbo.width.allocate.allocate`).
         select_calibration: one-shot: number of candidate calibration batches for KL-based selection
             (0 or 1 = none); candidates are drawn from the calibration split, the control is the validation split.
-        recovery_steps / final_recovery_steps / recovery: MoP recovery fine-tune (see :mod:`cbo.width.recovery`).
-        splits: a :class:`cbo.data.TokenSplits` to use instead of cutting ``text``.
+        recovery_steps / final_recovery_steps / recovery: MoP recovery fine-tune (see :mod:`cbo.recovery.finetune`).
+        splits: a :class:`cbo.data.windows.TokenSplits` to use instead of cutting ``text``.
         measure_speed: time prefill and decode before and after (:func:`cbo.evaluate.throughput`).
         estimator / solver: the Hessian estimator and solver of ``depth="cbo"`` (MoP uses ``enumerate`` for
             ``"auto"``).
@@ -252,9 +252,9 @@ def compress(
     Example:
         >>> r = compress("smollm2-135m", ratio=0.2, scheduler="mop", criterion="kl", depth="cbo")  # doctest: +SKIP
     """
-    from cbo.blocks import prunable_parameters
     from cbo.evaluate import count_parameters, evaluate, reference_logits, throughput
-    from cbo.structures import layer_widths
+    from cbo.model.blocks import prunable_parameters
+    from cbo.model.structures import layer_widths
     from cbo.surgery.depth import REMOVED_KEY, remove_blocks, text_config
 
     if scheduler not in SCHEDULERS:
@@ -348,7 +348,7 @@ def compress(
     else:
         pruned = model
         if proposer is not None and depth_share > 0:
-            from cbo.blocks import find_blocks
+            from cbo.model.blocks import find_blocks
 
             blocks = find_blocks(model, "layer")
             per_layer = sum(b.n_params for b in blocks) / len(blocks)

@@ -1,7 +1,7 @@
 """End-to-end depth pruning: text → calibration windows → Hessian → QUBO → ranked states → validation →
 surgery → pruned model, with a report that holds the evidence for the choice.
 
-Validation measures the candidates through the one measurer (:class:`cbo.hessian.measure.Measurer`): the
+Validation measures the candidates through the one measurer (:class:`cbo.measure.measurer.Measurer`): the
 validation windows run once through the original model and every candidate from the recorded streams, without
 copying the model; only the chosen state is physically removed.
 
@@ -24,7 +24,7 @@ import numpy as np
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
 from cbo.pipeline.inputs import cache_dirs, model_and_tokenizer, token_splits
 from cbo.pipeline.reports import DepthReport, ValidatedState
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
 
 # the depth estimator used when none is given, chosen from benchmarks/fidelity.py (BENCHMARKS.md): measured
 # single-block removal losses, whose validated excited states beat every baseline at M = 8 and 15 of 30 there
@@ -126,7 +126,7 @@ def prune_depth(
         method: ``"cbo"``, or a baseline of ``cbo.baselines`` (e.g. ``"block_influence"``).
         keep: blocks never removed (indices or names), e.g. ``[0, 29]``.
         caps: at most this many removed blocks of a kind, e.g. ``{"attention": 4, "mlp": 2}`` (kinds of
-            ``cbo.blocks.find_blocks``); budget_params: at most this many parameters removed. Both constrain the
+            ``cbo.model.blocks.find_blocks``); budget_params: at most this many parameters removed. Both constrain the
             solver (CBO only; the baselines rank without constraints).
         seed: seeds data sampling, label sampling and randomized solvers.
         cache_dir: where Hessians and measured validation losses are cached; True = ``CBO_HOME/cache``,
@@ -136,7 +136,7 @@ def prune_depth(
         estimator_options / solver_options: passed to the estimator / solver.
         dtype, device: used when ``model`` is a name.
         refine: a budget in forward-pass equivalents (one FPE: one full forward pass over one calibration
-            window) for refining the QUBO with measurements (``cbo.refine``): after the estimate, rounds of
+            window) for refining the QUBO with measurements (``cbo.search.refine``): after the estimate, rounds of
             proposals from the solver layer are measured on the calibration windows and the QUBO is refit on
             them until the budget is spent; the measured sets with the lowest calibration loss are then the
             candidates validated (``validate``). None (default): no refinement. The estimate and the validation
@@ -150,10 +150,10 @@ def prune_depth(
         >>> report.pruned_model.config.num_hidden_layers                          # doctest: +SKIP
         22
     """
-    from cbo.blocks import find_blocks, prunable_parameters, resolve_keep
     from cbo.evaluate import count_parameters
     from cbo.hessian import ESTIMATORS
-    from cbo.hessian.losses import check_loss
+    from cbo.measure.losses import check_loss
+    from cbo.model.blocks import find_blocks, prunable_parameters, resolve_keep
     from cbo.solvers import get as get_solver
 
     timings: dict[str, float] = {}
@@ -338,17 +338,17 @@ def refine_qubo(
     cache: Path | None = None,
     progress: bool = False,
 ) -> tuple[BlockQUBO, Any, dict[str, Any]]:
-    """``prior`` refined with measurements on the calibration windows (``cbo.refine.refine_search``).
+    """``prior`` refined with measurements on the calibration windows (``cbo.search.refine.refine_search``).
 
     Returns the refined QUBO, the ``RankedStates`` of the sets measured at high fidelity (lowest calibration KL
     first; these are the candidates to validate) and the work: the rounds' FPE, rounds, why it stopped. With a
     ``cache`` folder every round is checkpointed there, so an interrupted refinement resumes.
     """
-    from cbo.data import data_hash
-    from cbo.executors import InProcessExecutor, Measurements
-    from cbo.hessian.fingerprint import model_fingerprint
+    from cbo.data.windows import data_hash
+    from cbo.measure.executors import InProcessExecutor, Measurements
+    from cbo.model.fingerprint import model_fingerprint
     from cbo.progress import progress_bar
-    from cbo.refine import refine_search
+    from cbo.search.refine import refine_search
 
     t = time.perf_counter()
     low, high = refine_windows(int(calibration.shape[0]))
@@ -409,8 +409,8 @@ def _estimate_and_solve(
     constraints: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """The QUBO of the calibration windows (cached) and its ``top_k`` ranked states with ``remove`` blocks removed."""
-    from cbo.forward import torch_threads_kept
     from cbo.hessian import estimate_hessian
+    from cbo.model.forward import torch_threads_kept
     from cbo.solvers import solve
 
     t = time.perf_counter()
@@ -446,7 +446,7 @@ class Validation:
         states: the validated candidates, in the order given.
         original: the original model's metrics.
         metrics: the metrics of every measured set, by sorted block tuple.
-        work: what the measurement cost (:class:`cbo.hessian.measure.Work`).
+        work: what the measurement cost (:class:`cbo.measure.measurer.Work`).
     """
 
     states: list[ValidatedState]
@@ -470,7 +470,7 @@ def validate_candidates(
     the measurer (no model copies); the first candidate is measured even when ``validate`` is 0 (it is the choice
     then). ``cache_dir`` keeps the measurements, so an interrupted or repeated validation measures only what is
     new."""
-    from cbo.hessian.measure import MeasureCache, Measurer
+    from cbo.measure.measurer import MeasureCache, Measurer
 
     cache = MeasureCache(cache_dir, model, blocks) if cache_dir is not None else None
     measurer = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, retain=False, progress=progress)

@@ -13,11 +13,11 @@ from cbo.errors import DataError, ModelError
 def model_and_tokenizer(
     model: Any, tokenizer: Any = None, *, dtype: Any = None, device: Any = "cpu", quiet: bool = False
 ) -> tuple:
-    """``(model, tokenizer, label)``: a name or folder loaded with :func:`cbo.models.load_model` (its tokenizer
+    """``(model, tokenizer, label)``: a name or folder loaded with :func:`cbo.model.loading.load_model` (its tokenizer
     unless one is given; ``quiet``: without transformers' loading bar), or a loaded model as it is; ``label``
     names the model in reports."""
     if isinstance(model, (str, os.PathLike)):
-        from cbo.models import load_model
+        from cbo.model.loading import load_model
 
         label = str(model)
         model, loaded = load_model(model, dtype=dtype, device=device, quiet=quiet)
@@ -49,7 +49,7 @@ def token_splits(
         raise DataError(
             f"{who} needs a tokenizer to cut the text into windows; pass tokenizer= or splits=TokenSplits(...)."
         )
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
 
     return make_splits(
         tokenizer,
@@ -67,7 +67,7 @@ def cache_dirs(cache_dir: str | Path | bool | None) -> tuple[Path | None, Path |
     """(Hessian cache, measurement cache): True = ``CBO_HOME/cache/{hessian,measured}``; a folder holds the
     Hessians and a ``measured`` subfolder; None or False: no cache."""
     if cache_dir is True:
-        from cbo.models import cbo_home
+        from cbo.model.loading import cbo_home
 
         root = cbo_home() / "cache"
         return root / "hessian", root / "measured"

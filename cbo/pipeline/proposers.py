@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from cbo.blocks import decoder_layers
 from cbo.errors import InfeasibleError, UnknownNameError
-from cbo.forward import torch_threads_kept
+from cbo.model.blocks import decoder_layers
+from cbo.model.forward import torch_threads_kept
 from cbo.width.mop import DepthProposer, antepenultimate
 
 DEPTH_METHODS = ("none", "cbo", "antepenultimate")

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 from cbo.errors import CBOError, CorruptFileError
 from cbo.jsonable import json_number, jsonable
-from cbo.qubo import BlockQUBO
-from cbo.states import RankedStates
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.states import RankedStates
 
 
 def fmt_value(v: Any, spec: str = ".4g") -> str:
@@ -181,7 +181,7 @@ class DepthReport(Report):
             validation split.
         timings: seconds per step.
         work: forward-pass equivalents spent: the estimate (relative to one forward over the calibration
-            windows) and the validation (:class:`cbo.hessian.measure.Work`, relative to the validation windows).
+            windows) and the validation (:class:`cbo.measure.measurer.Work`, relative to the validation windows).
     """
 
     format: ClassVar[str] = "cbo.depthreport"

@@ -30,10 +30,10 @@ from cbo.errors import (
     UnknownSolverError,
 )
 from cbo.extras import has_module, install_command
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.states import RankedStates
 from cbo.registry import Registry
 from cbo.solvers.interrupt import stop_on_interrupt
-from cbo.states import RankedStates
 
 
 @dataclass

@@ -16,9 +16,9 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
-from cbo.blocks import Block, decoder_layers, layer_parts
 from cbo.errors import ModelError
 from cbo.extras import require
+from cbo.model.blocks import Block, decoder_layers, layer_parts
 
 torch = require("torch", "model surgery")
 nn = torch.nn
@@ -100,8 +100,8 @@ def remove_blocks(model: Any, blocks: Iterable[Any], *, inplace: bool = False) -
     indices of the removed layers in ``config.cbo_removed_layers``.
 
     Args:
-        model: a Hugging Face causal LM (see :func:`cbo.blocks.find_blocks`).
-        blocks: layer indices (or layer :class:`~cbo.blocks.Block` objects) to delete.
+        model: a Hugging Face causal LM (see :func:`cbo.model.blocks.find_blocks`).
+        blocks: layer indices (or layer :class:`~cbo.model.blocks.Block` objects) to delete.
         inplace: modify ``model`` itself instead of a deep copy.
 
     Returns:

@@ -314,8 +314,8 @@ def zeroed_output_projections(model: Any) -> dict[str, Any]:
     but the half's output, its output projection applied to them, is exactly zero. Empty when no half is zeroed
     or the layers are reshaped (that folder loads through the remote-code class, which zeroes the halves itself).
     """
-    from cbo.blocks import decoder_layers, layer_parts
-    from cbo.structures import attention_structure, mlp_structure
+    from cbo.model.blocks import decoder_layers, layer_parts
+    from cbo.model.structures import attention_structure, mlp_structure
 
     zeroed = getattr(text_config_of(model.config), ZEROED_KEY, None) or []
     widths = recorded_widths(model.config)
@@ -360,7 +360,7 @@ def save_kwargs_with_zeroed_projections(model: Any, kwargs: dict[str, Any]) -> d
 
 def write_pruned_folder(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kwargs: Any) -> Path:
     """:func:`save_pruned`'s writing, into ``path`` itself."""
-    from cbo.structures import layer_widths
+    from cbo.model.structures import layer_widths
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

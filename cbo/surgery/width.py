@@ -1,7 +1,7 @@
 """Slice attention heads and MLP neurons out of a model; every layer may keep a different width.
 
 A :class:`WidthPlan` says, per decoder layer, which query heads, key/value heads and MLP neurons stay.
-:func:`prune_width` slices the weights (through the slots of :mod:`cbo.structures`) and updates the
+:func:`prune_width` slices the weights (through the slots of :mod:`cbo.model.structures`) and updates the
 attributes the forward pass reads. Llama-family attention in transformers reshapes with ``-1`` heads and
 reads only ``head_dim`` and ``num_key_value_groups``, so per-layer head counts work once
 ``num_key_value_groups`` matches; GPT-2 splits ``c_attn`` by ``split_size`` (set to the kept width);
@@ -20,7 +20,7 @@ from typing import Any
 
 from cbo.errors import ModelError
 from cbo.extras import require
-from cbo.structures import AttentionStructure, MLPStructure, Slot, is_conv1d, model_structures
+from cbo.model.structures import AttentionStructure, MLPStructure, Slot, is_conv1d, model_structures
 
 torch = require("torch", "width surgery")
 nn = torch.nn
@@ -146,7 +146,7 @@ def prune_width(model: Any, plan: WidthPlan, *, inplace: bool = False) -> Any:
     """Slice the heads and neurons a plan removes; returns the pruned model.
 
     Args:
-        model: a Hugging Face causal LM (see :mod:`cbo.structures` for the layouts).
+        model: a Hugging Face causal LM (see :mod:`cbo.model.structures` for the layouts).
         plan: kept units per layer, indices of ``model`` as it is now.
         inplace: modify ``model`` itself instead of a deep copy.
 

@@ -1,11 +1,11 @@
 """Width pruning: score heads and neurons, allocate a budget globally, slice, schedule with depth.
 
-* :mod:`cbo.structures` — which weights form a neuron, a head or a KV group, per architecture;
+* :mod:`cbo.model.structures` — which weights form a neuron, a head or a KV group, per architecture;
 * :mod:`cbo.width.scores` — magnitude, Taylor, AFR-structured, NTK (NIRVANA), AMP, behind one registry;
 * :mod:`cbo.width.allocate` — global ranking with the MLP-vs-attention ratio γ, minimums, rounding;
 * :mod:`cbo.width.calibration` — choose the calibration batch by the KL of the model it prunes;
 * :mod:`cbo.width.prune` — :func:`width_prune`, one-shot: score, allocate, slice;
-* :mod:`cbo.width.recovery` — a short recovery fine-tune (LoRA or full) after pruning;
+* :mod:`cbo.recovery.finetune` — a short recovery fine-tune (LoRA or full) after pruning;
 * :mod:`cbo.width.mop` — the Mixture-of-Pruners scheduler (depth or width, one step at a time), given a
   depth proposer: it never estimates a Hessian or runs a solver itself;
 * the pipeline layer lives in :mod:`cbo.pipeline`: the depth proposers (:mod:`cbo.pipeline.proposers`;
@@ -32,13 +32,13 @@ _LAZY = {
     "default_gamma": "cbo.width.allocate",
     "prune_width": "cbo.surgery.width",
     "WidthPlan": "cbo.surgery.width",
-    "model_structures": "cbo.structures",
-    "layer_widths": "cbo.structures",
+    "model_structures": "cbo.model.structures",
+    "layer_widths": "cbo.model.structures",
     "select_calibration": "cbo.width.calibration",
     "width_prune": "cbo.width.prune",
     "mixture_of_pruners": "cbo.width.mop",
     "antepenultimate": "cbo.width.mop",
-    "recover": "cbo.width.recovery",
+    "recover": "cbo.recovery.finetune",
     "save_pruned": "cbo.surgery.io",
     "load_pruned": "cbo.surgery.io",
 }

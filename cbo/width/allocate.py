@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from cbo.errors import InfeasibleError
 from cbo.evaluate import count_parameters
 from cbo.extras import require
-from cbo.structures import KINDS, ModelStructures
+from cbo.model.structures import KINDS, ModelStructures
 from cbo.surgery.width import WidthPlan
 from cbo.width.scores.base import Key, UnitScores
 

@@ -9,7 +9,7 @@ Each step builds two candidates from the current model:
 * **width**: remove the same number of parameters as heads and MLP neurons across all layers, scored by a
   width score (AMP by default, as in the paper) and allocated globally (:mod:`cbo.width.allocate`).
 
-Both may get a short recovery fine-tune (:func:`cbo.width.recovery.recover`). A path criterion scores each
+Both may get a short recovery fine-tune (:func:`cbo.recovery.finetune.recover`). A path criterion scores each
 candidate against the original model on a control split: ``cosine`` (similarity of the final hidden states,
 higher is better), ``kl`` (KL to the original's next-token distribution), ``ppl`` (perplexity), or
 ``random`` (a seeded coin). The better candidate becomes the next base; steps repeat until the target
@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from cbo.blocks import decoder_layers, find_blocks
 from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters, kl_to_reference, perplexity, reference_logits
 from cbo.extras import require
+from cbo.model.blocks import decoder_layers, find_blocks
+from cbo.recovery.finetune import RECOVERY, recover
 from cbo.surgery.depth import ORIGINAL_KEY, remove_blocks, text_config
 from cbo.width.prune import check_width_options, width_prune
-from cbo.width.recovery import RECOVERY, recover
 
 torch = require("torch", "the MoP scheduler")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cbo.errors import InvalidOptionError
-from cbo.structures import GQA_MODES
+from cbo.model.structures import GQA_MODES
 from cbo.surgery.width import prune_width
 from cbo.width.allocate import ALLOCATIONS, Allocation, allocate
 from cbo.width.scores.base import SCORES, score_units

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from cbo import baselines as B
-from cbo.blocks import find_blocks
 from cbo.errors import CBOError, DataError, InfeasibleError, InvalidOptionError, ModelError, UnknownNameError
+from cbo.model.blocks import find_blocks
 
 N_LAYERS = 5
 N_WINDOWS, SEQ_LEN, BATCH = 5, 8, 3  # two batches, the second short: accumulation across uneven batches

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from cbo import baselines as B
-from cbo.blocks import find_blocks
 from cbo.errors import InfeasibleError, InvalidOptionError, UnknownNameError
 from cbo.evaluate import perplexity
+from cbo.model.blocks import find_blocks
 from cbo.surgery.depth import remove_blocks, remove_sublayers
 
 N_LAYERS = 5
@@ -223,7 +223,7 @@ def test_methods_registry_and_errors(llama, windows):
 
 
 def test_prune_depth_dispatches_to_baselines(llama, windows, tiny_windows):
-    from cbo.data import TokenSplits
+    from cbo.data.windows import TokenSplits
     from cbo.pipeline import depth_methods, prune_depth
 
     assert set(B.methods()) <= set(depth_methods())
@@ -235,7 +235,7 @@ def test_prune_depth_dispatches_to_baselines(llama, windows, tiny_windows):
 
 def test_sleb_interrupted_resumes_from_its_measurement_cache(llama, windows, tmp_path, monkeypatch):
     """An interrupted SLEB run started again measures only what it had not measured; the result is the same."""
-    import cbo.hessian.measure as measure
+    import cbo.measure.measurer as measure
 
     full = B.rank_blocks("sleb", llama, windows, max_remove=3, batch_size=4)
     real, calls = measure.measure_sets, []

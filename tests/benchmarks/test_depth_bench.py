@@ -48,7 +48,7 @@ def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
 
 def test_cached_solve_keeps_the_first_runs_states(tmp_path):
     """A rerun reads the states of the first solve (an inexact solve would differ), keyed by QUBO, M and solver."""
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
     from cbo.solvers import solve
 
     C = bench_module("harness")
@@ -194,7 +194,7 @@ def test_fidelity_quick(installed, tmp_path):
 
 def test_make_instances_from_fidelity_result(tmp_path):
     """Variants shared by every M give one instance file; variants fitted per M give one per M, each loadable."""
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
 
     MI = bench_module("make_instances")
     rng = np.random.default_rng(0)
@@ -223,7 +223,7 @@ def test_make_instances_from_fidelity_result(tmp_path):
 @pytest.mark.model
 def test_make_instances_estimates_layer_and_sublayer_files(installed, tmp_path):
     """The default run's path at tiny settings: one loadable file per spec, named for it, with its source data."""
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
 
     out = tmp_path / "instances"
     proc = run_script(

@@ -7,8 +7,8 @@ import json
 import numpy as np
 from bench_scripts import bench_module
 
-from cbo.instances import fisher_block_qubo
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.instances import fisher_block_qubo
 
 
 def test_fisher_instances_script_writes_the_instances(tmp_path, capsys):

@@ -32,7 +32,7 @@ def test_quick_benchmark_runs_and_writes_json_and_markdown(tmp_path):
 
 
 def test_files_only_run_uses_just_the_given_instances(tmp_path):
-    from cbo.instances import random_block_qubo
+    from cbo.qubo.instances import random_block_qubo
 
     path = tmp_path / "real.cboq"
     random_block_qubo(12, 3).save(path)

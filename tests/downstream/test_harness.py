@@ -13,7 +13,7 @@ import torch
 from tiny_texts import synthetic_novel
 from tiny_tokenizers import byte_level_tokenizer
 
-from cbo.data import random_windows
+from cbo.data.windows import random_windows
 from cbo.downstream.harness import evaluate_tasks, parse_tasks, task_manager, window_loglikelihoods
 from cbo.downstream.local_tasks import CHOICE, CLOZE, TaskSizes, ensure_local_tasks
 from cbo.errors import DataError, UnknownNameError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cbo.hessian import Gates
+from cbo.model.gates import Gates
 
 ARCHS = ("llama", "qwen2", "gemma3", "gpt2")
 

@@ -19,7 +19,7 @@ from accelerate import dispatch_model  # noqa: E402
 from accelerate.hooks import AlignDevicesHook  # noqa: E402
 
 from cbo.hessian import estimate_hessian  # noqa: E402
-from cbo.hessian.fingerprint import model_fingerprint  # noqa: E402
+from cbo.model.fingerprint import model_fingerprint  # noqa: E402
 
 
 def _device_map(n_layers: int, offload: tuple[int, ...] = ()) -> dict[str, str]:

@@ -13,7 +13,7 @@ from cbo.errors import CBOError, DataError, InvalidOptionError, UnknownNameError
 from cbo.hessian import ESTIMATORS, driver, estimate_hessian, names
 from cbo.hessian import base as hbase
 from cbo.hessian.checkpoint import Checkpoint
-from cbo.hessian.measure import Measurer
+from cbo.measure.measurer import Measurer
 
 
 class Interrupt(Exception):
@@ -139,7 +139,7 @@ def test_bad_input_is_refused_with_the_valid_choices(tiny_model, tiny_windows):
 
 
 def test_nested_lists_and_token_splits_are_accepted(tiny_model, tiny_windows):
-    from cbo.data import TokenSplits
+    from cbo.data.windows import TokenSplits
 
     model = tiny_model("gpt2", n_layers=2)
     windows = tiny_windows(model, n=2, seq_len=8)
@@ -167,7 +167,7 @@ def test_a_new_estimator_is_one_registered_class(tiny_model, tiny_windows, monke
             return {"sq": np.zeros(len(self.run.blocks)), "count": np.zeros(())}
 
         def accumulate(self, state, batch_index, tokens, tick):
-            from cbo.hessian.losses import ce_per_sequence
+            from cbo.measure.losses import ce_per_sequence
 
             with torch.enable_grad(), self.run.gates.recording() as rec:
                 ce = ce_per_sequence(self.run.forward(tokens), tokens)
@@ -244,7 +244,7 @@ def test_pairwise_interrupted_inside_a_batch_resumes_where_it_stopped(tiny_model
 def test_a_poisoned_cache_file_is_not_used(tiny_model, tiny_windows, tmp_path):
     """A QUBO of another model copied over the cache path, or a damaged file there, is recomputed with a warning
     naming the file; the recomputed result replaces it."""
-    from cbo.instances import random_block_qubo
+    from cbo.qubo.instances import random_block_qubo
 
     model = tiny_model("llama", n_layers=3)
     windows = tiny_windows(model, n=4, seq_len=10)
@@ -279,7 +279,7 @@ def _must_not_run(b, state):
 
 def BlockQUBOWith(qubo, **metadata):
     """A copy of ``qubo`` whose metadata entries are replaced (None removes one)."""
-    from cbo.qubo import BlockQUBO
+    from cbo.qubo.block_qubo import BlockQUBO
 
     meta = {**qubo.metadata, **{k: v for k, v in metadata.items() if v is not None}}
     for k, v in metadata.items():

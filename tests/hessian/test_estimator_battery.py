@@ -11,7 +11,7 @@ import pytest
 
 from cbo.errors import InvalidOptionError, UnknownNameError
 from cbo.hessian import ESTIMATORS, describe, estimate_hessian
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
 
 # the battery's sizes: a 3-layer tiny Llama, 6 windows of 8 tokens in batches of 2 (3 batches)
 N_LAYERS, N_WINDOWS, SEQ_LEN, BATCH = 3, 6, 8, 2

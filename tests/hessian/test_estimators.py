@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 from hessian_reference import ARCHS, logits_of, mean_loss_at, ref_loss_per_sequence, teacher_logprobs
 
-from cbo.blocks import find_blocks
-from cbo.hessian import estimate_hessian, gate_blocks
+from cbo.hessian import estimate_hessian
 from cbo.hessian.base import seeded_generator
+from cbo.model.blocks import find_blocks
+from cbo.model.gates import gate_blocks
 from cbo.surgery.depth import remove_blocks, remove_sublayers
 
 
@@ -198,7 +199,7 @@ def test_pairwise_positive_couplings_and_scale(tiny_model, tiny_windows):
 
 
 def test_estimators_give_block_names_kinds_sizes_and_metadata(tiny_model, tiny_windows):
-    from cbo.data import data_hash
+    from cbo.data.windows import data_hash
 
     model = tiny_model("gemma3", n_layers=3)
     windows = tiny_windows(model, n=4, seq_len=8)

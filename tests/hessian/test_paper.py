@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cbo.blocks import find_blocks
 from cbo.errors import InvalidOptionError
 from cbo.hessian import describe, estimate_hessian
+from cbo.model.blocks import find_blocks
 
 
 @contextmanager

@@ -106,8 +106,8 @@ def test_keep_locality_and_options(setup):
 
 
 def test_prune_depth_passes_remove_to_the_estimator(setup):
-    from cbo.blocks import find_blocks
-    from cbo.data import TokenSplits
+    from cbo.data.windows import TokenSplits
+    from cbo.model.blocks import find_blocks
     from cbo.pipeline import prune_depth
 
     model, windows, _ = setup

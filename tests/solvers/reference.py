@@ -7,7 +7,7 @@ solver tests import this module directly::
 
 Instance kinds (``make_instance(kind, n, seed)``):
 
-* ``"block"``: :func:`cbo.instances.random_block_qubo` (heavy-tailed diagonal, low-rank coupling).
+* ``"block"``: :func:`cbo.qubo.instances.random_block_qubo` (heavy-tailed diagonal, low-rank coupling).
 * ``"integer"``: small integer H and g, so that many states tie in energy.
 * ``"negative"``: dense symmetric couplings of both signs, many strongly negative.
 * ``"heavy_ends"``: a block instance with expensive first and last blocks.
@@ -19,8 +19,8 @@ import itertools
 
 import numpy as np
 
-from cbo.instances import random_block_qubo
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.instances import random_block_qubo
 
 INSTANCE_KINDS = ("block", "integer", "negative", "heavy_ends")
 

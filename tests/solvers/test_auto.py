@@ -12,7 +12,7 @@ import cbo.solvers.enumerate.strategy as strategy
 import cbo.solvers.heuristic as heuristic
 from cbo import BlockQUBO, solve
 from cbo.errors import SolverError
-from cbo.instances import fisher_block_qubo, random_block_qubo
+from cbo.qubo.instances import fisher_block_qubo, random_block_qubo
 from cbo.solvers.base import Problem, SolverOutput
 from cbo.solvers.heuristic import HEURISTIC_OPTIONS
 

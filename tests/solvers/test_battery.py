@@ -26,7 +26,7 @@ from reference import brute_force_topk, make_instance
 
 from cbo import RankedStates, solve
 from cbo.errors import InfeasibleError, SolverError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 from cbo.solvers import available, get, names
 
 

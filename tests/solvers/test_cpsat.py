@@ -8,7 +8,7 @@ from reference import brute_force_topk
 
 from cbo import BlockQUBO, solve
 from cbo.errors import SolverError, SolverUnavailableError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 
 
 @pytest.mark.parametrize("formulation", ["rlt", "minimal"])

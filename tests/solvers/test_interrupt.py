@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from cbo import solve
-from cbo.instances import fisher_block_qubo, random_block_qubo
+from cbo.qubo.instances import fisher_block_qubo, random_block_qubo
 from cbo.solvers import Solver, SolverOutput, available
 from cbo.solvers.interrupt import stop_on_interrupt
 

@@ -10,8 +10,8 @@ from reference import brute_force_topk
 
 from cbo import solve
 from cbo.errors import SolverError
-from cbo.instances import random_block_qubo
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.instances import random_block_qubo
 from cbo.solvers import available
 
 # the options the shared battery (test_battery.SETTINGS) gives the solvers that need some, and their largest n

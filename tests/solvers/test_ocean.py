@@ -10,7 +10,7 @@ from reference import brute_force_topk
 
 from cbo import BlockQUBO, solve
 from cbo.errors import SolverError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 from cbo.solvers.base import Problem
 from cbo.solvers.penalty import penalty_bqm, reduced_safe_penalty
 

@@ -10,7 +10,7 @@ from reference import brute_force_topk
 
 from cbo import solve
 from cbo.errors import SolverError, SolverUnavailableError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 
 pytest.importorskip("qiskit_optimization")
 

@@ -14,7 +14,7 @@ import test_battery
 
 import cbo.solvers.base as base
 from cbo.errors import SolverError, SolverOptionError, UnknownSolverError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 from cbo.registry import Registry
 from cbo.solvers import available, get, names, register, solve
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cbo import BlockQUBO
 from cbo.cli import app, main  # noqa: F401  (main registers the command modules)
-from cbo.instances import fisher_block_qubo, random_block_qubo
+from cbo.qubo.instances import fisher_block_qubo, random_block_qubo
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ import torch
 import transformers
 from tiny_models import EXTRA_ARCHS
 
-from cbo.blocks import decoder_layers, find_blocks, layer_parts, with_branch_tensor
 from cbo.errors import ModelError
 from cbo.evaluate import count_parameters
+from cbo.model.blocks import decoder_layers, find_blocks, layer_parts, with_branch_tensor
 from cbo.surgery.depth import (
     ZeroAttention,
     remove_blocks,

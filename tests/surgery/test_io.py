@@ -9,7 +9,7 @@ import torch
 from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.errors import CorruptFileError
-from cbo.structures import layer_widths
+from cbo.model.structures import layer_widths
 from cbo.surgery.depth import remove_blocks, remove_sublayers
 from cbo.surgery.io import REMOTE_FILE, WIDTHS_KEY, load_pruned, save_pruned
 from cbo.surgery.width import WidthPlan, prune_width

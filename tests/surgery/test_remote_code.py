@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_models import build_tiny_model, random_token_windows
 
-from cbo.structures import layer_widths
+from cbo.model.structures import layer_widths
 from cbo.surgery.depth import remove_blocks, remove_sublayers
 from cbo.surgery.io import LAYOUT_KEY, REMOTE_FILE, load_pruned, save_pruned
 from cbo.surgery.width import WidthPlan, prune_width

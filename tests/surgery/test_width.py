@@ -9,10 +9,10 @@ import pytest
 import torch
 from tiny_models import TINY_ARCHS, build_tiny_model, random_token_windows
 
-from cbo.blocks import decoder_layers, layer_parts
 from cbo.errors import ModelError
 from cbo.evaluate import count_parameters
-from cbo.structures import layer_widths
+from cbo.model.blocks import decoder_layers, layer_parts
+from cbo.model.structures import layer_widths
 from cbo.surgery.width import WidthPlan, prune_width
 
 

@@ -8,7 +8,7 @@ from tiny_models import build_tiny_model
 
 from cbo.errors import InfeasibleError
 from cbo.evaluate import count_parameters
-from cbo.structures import layer_widths
+from cbo.model.structures import layer_widths
 from cbo.surgery.width import prune_width
 from cbo.width.allocate import allocate, default_gamma, gamma_for_shapes
 from cbo.width.scores import score_units

@@ -125,8 +125,8 @@ def test_compress_bad_input(model):
 def test_public_names_resolve():
     import cbo
     import cbo.width
+    from cbo.recovery.finetune import recover
     from cbo.width.prune import width_prune
-    from cbo.width.recovery import recover
 
     for name in cbo.width.__all__:
         assert callable(getattr(cbo.width, name))
@@ -136,8 +136,8 @@ def test_public_names_resolve():
 
 def test_oneshot_cbo_depth_removes_the_proposers_layers(model):
     """depth="cbo" removes the QUBO's ground-state layers (the proposer, asked independently) and keeps threads."""
-    from cbo.blocks import find_blocks
-    from cbo.data import make_splits
+    from cbo.data.windows import make_splits
+    from cbo.model.blocks import find_blocks
     from cbo.pipeline.proposers import CBOProposer
 
     splits = make_splits(CharTokenizer(), TEXT, seq_len=24, n_calibration=6, n_validation=3, n_test=3, seed=0)

@@ -30,7 +30,7 @@ def test_width_steps_import_no_hessian_solver_or_pipeline(module):
     assert not {m for m in reached if m.startswith(("cbo.hessian", "cbo.solvers", *PIPELINE))}
 
 
-@pytest.mark.parametrize("module", ["cbo.structures", "cbo.surgery.width", "cbo.surgery.io", "cbo.surgery.depth"])
+@pytest.mark.parametrize("module", ["cbo.model.structures", "cbo.surgery.width", "cbo.surgery.io", "cbo.surgery.depth"])
 def test_surgery_and_structures_import_no_width(module):
     assert not {m for m in _reachable(EDGES, module) if m.startswith("cbo.width")}
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 from tiny_models import build_tiny_model, random_token_windows
 
-from cbo.blocks import decoder_layers
 from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters
+from cbo.model.blocks import decoder_layers
 from cbo.pipeline.proposers import depth_proposer
+from cbo.recovery.finetune import lm_loss_of, recover
 from cbo.width.mop import antepenultimate, mixture_of_pruners
-from cbo.width.recovery import lm_loss_of, recover
 
 
 @pytest.fixture(scope="module")

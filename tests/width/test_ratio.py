@@ -8,9 +8,9 @@ import json
 import pytest
 from tiny_models import CharTokenizer, build_tiny_model
 
-from cbo.blocks import find_blocks, prunable_parameters
 from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters
+from cbo.model.blocks import find_blocks, prunable_parameters
 from cbo.pipeline.compression import compress
 
 TEXT = [

@@ -13,7 +13,7 @@ import torch
 from tiny_models import build_tiny_model, random_token_windows
 
 from cbo.errors import DataError, InvalidOptionError
-from cbo.structures import KINDS, model_structures, units_of
+from cbo.model.structures import KINDS, model_structures, units_of
 from cbo.width.allocate import ALLOCATIONS
 from cbo.width.scores import SCORES, score_units
 

@@ -7,7 +7,7 @@ import torch
 from tiny_models import TINY_ARCHS, build_tiny_model
 
 from cbo.errors import ModelError
-from cbo.structures import attention_units, layer_widths, mlp_units, model_structures
+from cbo.model.structures import attention_units, layer_widths, mlp_units, model_structures
 
 
 def _attn_params(attn) -> int:

@@ -56,7 +56,7 @@ def test_compress_errors_and_score_list(folder):
 
 def test_prune_width_route(folder, tmp_path):
     """`cbo prune --width NAME --ratio R` prunes heads/neurons one-shot and saves a reloadable model."""
-    from cbo.structures import layer_widths
+    from cbo.model.structures import layer_widths
     from cbo.surgery.io import load_pruned
 
     register_commands()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cbo.data import random_windows
+from cbo.data.windows import random_windows
 from cbo.evaluate import count_parameters
-from cbo.structures import layer_widths
+from cbo.model.structures import layer_widths
 from cbo.surgery.io import load_pruned, save_pruned
 from cbo.width.prune import width_prune
 

@@ -3,7 +3,7 @@
 ``cbo.solve(q, M, "enumerate", backend="ray", backend_options={"workers": 8})`` runs here; the
 ``backend_options`` are the fields of :class:`RayBackend`. Nothing here imports Ray until it is used
 (the optional extra ``cbo[ray]``); :func:`init_ray`, :func:`shutdown` and :func:`release_workers` manage
-the connection and the workers kept between solves (the solver sweep, :mod:`cbo.sweep`, uses them too).
+the connection and the workers kept between solves (the solver sweep, :mod:`cbo.solvers.sweep`, uses them too).
 
 The driver prepares the search once (:func:`cbo.solvers.enumerate.plan.plan_enumeration`: block order,
 seeded threshold, prefix tasks) and cuts the task list, in lexicographic order, into contiguous
@@ -34,7 +34,7 @@ import numpy as np
 
 from cbo.errors import SolverError, SolverOptionError
 from cbo.extras import require
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
 from cbo.solvers.base import Problem, SolverOutput
 from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
 from cbo.solvers.enumerate.search import TaskResult, enumerate_tasks, merge_task_results

@@ -125,7 +125,7 @@ class SubtreeSearch:
     may be lowered between steps), and merging the states they find.
 
     Example:
-        >>> from cbo.instances import fisher_block_qubo
+        >>> from cbo.qubo.instances import fisher_block_qubo
         >>> from cbo.solvers.enumerate.relaxation import factor, processing_order, shor_shift
         >>> Q = fisher_block_qubo(16, seed=0).qubo_matrix()
         >>> fac = factor(Q, 5, shor_shift(Q, 5).w + 0.05, processing_order(Q))
@@ -340,7 +340,7 @@ def search_top_k(
             states that seed the threshold and join the answer, like ``seed_states``.
 
     Example:
-        >>> from cbo.instances import fisher_block_qubo
+        >>> from cbo.qubo.instances import fisher_block_qubo
         >>> q = fisher_block_qubo(24, seed=0)
         >>> res = search_top_k(q.qubo_matrix(), 8, k=3)
         >>> res.exact, len(res.energies)

@@ -37,7 +37,7 @@ import numpy as np
 
 from cbo.errors import InvalidOptionError
 from cbo.extras import require
-from cbo.structures import gather_units, in_axis
+from cbo.model.structures import gather_units, in_axis
 from cbo.width.scores.base import GradientScore, Key, check_choice, lm_loss, register
 
 torch = require("torch", "AFR scores")

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 
 from cbo.errors import DataError, InvalidOptionError, ModelError
 from cbo.extras import require
+from cbo.model.structures import KINDS, ModelStructures, Units, model_structures, units_of
 from cbo.registry import Registry
-from cbo.structures import KINDS, ModelStructures, Units, model_structures, units_of
 
 torch = require("torch", "width scores")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo.structures import gather_units
+from cbo.model.structures import gather_units
 from cbo.width.scores.base import Key, WidthScore, check_choice, register
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbo.structures import gather_units
+from cbo.model.structures import gather_units
 from cbo.width.scores.base import GradientScore, Key, check_choice, lm_loss, register
 
 

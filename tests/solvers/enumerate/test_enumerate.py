@@ -17,7 +17,7 @@ from reference import INSTANCE_KINDS, all_feasible, brute_force_topk, make_const
 import cbo.solvers.enumerate.plan as en_plan
 from cbo import BlockQUBO, solve
 from cbo.errors import InfeasibleError, SolverError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 from cbo.solvers.base import Problem
 from cbo.solvers.enumerate import EnumerateSolver, enumerate_tasks, merge_task_results, plan_enumeration
 from cbo.solvers.enumerate.bounds import relax_bound, relaxation_shift

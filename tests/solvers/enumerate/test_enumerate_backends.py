@@ -10,7 +10,7 @@ from reference import brute_force_topk
 
 from cbo import solve
 from cbo.errors import SolverError, SolverOptionError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 from cbo.solvers import get
 from cbo.solvers.enumerate.ray import RayBackend
 

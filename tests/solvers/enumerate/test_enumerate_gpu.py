@@ -13,7 +13,8 @@ from reference import brute_force_topk
 
 from cbo import BlockQUBO, solve
 from cbo.errors import SolverError, SolverUnavailableError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
+from cbo.qubo.states import RankedStates
 from cbo.solvers.base import Problem
 from cbo.solvers.enumerate.gpu import (
     EnumerateGPU,
@@ -26,7 +27,6 @@ from cbo.solvers.enumerate.gpu import (
     unrank,
 )
 from cbo.solvers.enumerate.gpu_kernel import binomial_table, cuda_source
-from cbo.states import RankedStates
 
 HAS_CXX = shutil.which("g++") is not None or shutil.which("clang++") is not None
 HAS_GPU = cuda_device_status()[0]

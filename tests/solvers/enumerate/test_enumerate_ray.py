@@ -9,7 +9,7 @@ import pytest
 import ray_session
 
 from cbo.errors import SolverError
-from cbo.instances import random_block_qubo
+from cbo.qubo.instances import random_block_qubo
 from cbo.solvers import solve
 from cbo.solvers.enumerate.ray import (
     RayBackend,

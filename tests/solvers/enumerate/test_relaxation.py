@@ -9,8 +9,8 @@ import pytest
 from reference import INSTANCE_KINDS, all_feasible, make_instance
 
 from cbo.errors import SolverError
-from cbo.instances import fisher_block_qubo
-from cbo.qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.instances import fisher_block_qubo
 from cbo.solvers.enumerate.relaxation import (
     completion_bound,
     convexity_shift,

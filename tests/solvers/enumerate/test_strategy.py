@@ -10,7 +10,7 @@ from reference import brute_force_topk, make_constrained, make_instance
 import cbo.solvers.enumerate.strategy as strategy
 from cbo import BlockQUBO, solve
 from cbo.errors import InfeasibleError, SolverError
-from cbo.instances import fisher_block_qubo, random_block_qubo
+from cbo.qubo.instances import fisher_block_qubo, random_block_qubo
 from cbo.solvers.base import Problem
 from cbo.solvers.constraints import FreeConstraints
 from cbo.solvers.enumerate.relaxation_search import search_top_k

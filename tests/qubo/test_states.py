@@ -1,0 +1,79 @@
+"""RankedStates: filtering, dedup, exact energies, ordering, views and round trips."""
+
+import numpy as np
+import pytest
+
+from cbo import BlockQUBO, RankedStates
+from cbo.qubo.instances import random_block_qubo
+
+
+def make(q, X, m, k=10):
+    return RankedStates.from_candidates(q, X, m, k, solver="test", exact=False)
+
+
+def test_from_candidates_filters_dedups_sorts():
+    q = random_block_qubo(6, seed=1).with_constraints(keep=[0])
+    X = np.array(
+        [
+            [0, 1, 1, 0, 0, 0],
+            [0, 1, 1, 0, 0, 0],  # duplicate
+            [1, 1, 0, 0, 0, 0],  # violates keep
+            [0, 0, 0, 1, 1, 0],
+            [0, 0, 1, 1, 1, 0],  # wrong M
+            [0, 0, 1, 0, 0, 1],
+        ]
+    )
+    rs = make(q, X, 2)
+    assert len(rs) == 3
+    assert np.all(np.diff(rs.energies) >= 0)
+    np.testing.assert_allclose(rs.energies, q.energy(rs.states))
+    assert rs.info["candidates"] == 6 and rs.info["feasible_candidates"] == 4
+    assert rs.gaps[0] == 0 and np.all(rs.gaps >= 0)
+    assert rs.hamming[0] == 0
+    for s in rs:
+        assert len(s.removed) == 2 and 0 not in s.removed
+        assert s.hamming == int((rs.states[s.rank] != rs.states[0]).sum())
+
+
+def test_ties_are_ordered_deterministically():
+    q = BlockQUBO(np.zeros((4, 4)))
+    X = np.array([[0, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]])
+    a = make(q, X, 2)
+    b = make(q, X[::-1], 2)
+    np.testing.assert_array_equal(a.states, b.states)
+    assert a.removed(0) == [0, 1]
+
+
+def test_k_limits_and_views(tmp_path):
+    q = random_block_qubo(8, seed=2)
+    import itertools
+
+    X = []
+    for c in itertools.combinations(range(8), 3):
+        x = np.zeros(8, dtype=np.uint8)
+        x[list(c)] = 1
+        X.append(x)
+    rs = make(q, np.array(X), 3, k=5)
+    assert len(rs) == 5
+    E = np.sort(q.energy(np.array(X)))[:5]
+    np.testing.assert_allclose(rs.energies, E)
+    text = repr(rs)
+    assert "M=3" in text and "rank" in text
+    df = rs.to_pandas()
+    assert list(df["rank"]) == list(range(5))
+    ss = rs.to_sampleset()
+    np.testing.assert_allclose(np.sort(ss.record.energy), rs.energies)
+    p = rs.save(tmp_path / "s.json")
+    back = RankedStates.load(p)
+    np.testing.assert_array_equal(back.states, rs.states)
+    np.testing.assert_allclose(back.energies, rs.energies)
+    assert back.solver == "test" and back.exact is False and back.remove == 3
+    assert rs.removed_names(0) == [q.names[i] for i in rs.removed(0)]
+
+
+def test_no_feasible_candidates_gives_empty_result():
+    q = random_block_qubo(4, seed=0)
+    rs = make(q, np.zeros((0, 4)), 2)
+    assert len(rs) == 0
+    with pytest.raises(Exception, match="no states"):
+        _ = rs.ground
