@@ -32,8 +32,8 @@ from cbo.errors import CorruptFileError, OutputPathError
 WRITTEN_MARKER = ".cbo-written.json"  # the files CBO wrote into an output folder (the only ones it may replace)
 PRUNED_FORMAT_KEY = "cbo_pruned_format"  # the config.json entry of every model folder cbo.save_pruned writes
 
-# what a damaged zip member or .npy header can raise while being read
-_READ_ERRORS = (
+# what a damaged zip member or .npy header can raise while being read (every reader of a CBO archive catches these)
+READ_ERRORS = (
     zipfile.BadZipFile,
     zipfile.LargeZipFile,
     zlib.error,
@@ -98,7 +98,7 @@ def read_archive(path: Path, keys: Sequence[str]) -> tuple[dict[str, Any], dict[
         with zipfile.ZipFile(path) as zf:
             meta = json.loads(zf.read("meta.json").decode("utf-8"))
             arrays = {k: np.load(io.BytesIO(zf.read(f"{k}.npy")), allow_pickle=False) for k in keys}
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         raise CorruptFileError(
             f"{label} is not a readable CBO file (truncated, damaged or not written by CBO): {exc}"
         ) from exc
