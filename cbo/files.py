@@ -63,6 +63,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
 def archive_checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
     """SHA-256 over the arrays (dtype, shape, bytes) and the metadata without its ``sha256`` entry."""
     h = hashlib.sha256()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
 from importlib.machinery import ModuleSpec
 
 import numpy as np
@@ -132,6 +133,54 @@ def test_report_save_load_round_trip(tiny_model, tiny_windows, tmp_path):
         DepthReport.load(tmp_path / "bad.json")
     with pytest.raises(CBOError, match="holds no model"):
         again.save_model(tmp_path / "nothing")
+
+
+def test_edited_pruned_folders_are_refused_naming_the_field(tiny_model, tiny_windows, tmp_path):
+    """Issue 27: a report, config or weights edited so that they disagree load as CorruptFileError naming the field
+    (they loaded silently: the report's removed blocks against the model's config, an original_layers list of the
+    wrong length, a layer count the weights do not fill)."""
+    import json
+    import shutil
+
+    from cbo.errors import CorruptFileError
+    from cbo.surgery.io import load_pruned
+
+    model = tiny_model("llama", n_layers=4)
+    report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=1, top_k=2, validate=2, **SOLVE)
+    good = report.save_model(tmp_path / "good")
+    DepthReport.load(good)  # the unedited folder loads
+
+    def edited(name: str, file: str, change) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        data = json.loads((folder / file).read_text())
+        change(data)
+        (folder / file).write_text(json.dumps(data))
+        return folder
+
+    other = next(i for i in range(1, 4) if i not in report.chosen_blocks)
+
+    def other_block(d):
+        d["chosen"]["removed"] = [other]
+        d["chosen"]["removed_names"] = [f"layers.{other}"]
+
+    cases = [
+        ("report", "report.json", other_block, "disagree.*removes the layers \\[" + str(other)),
+        ("names", "report.json", lambda d: d["chosen"].update(removed=[other]), "removed_names"),
+        ("range", "report.json", lambda d: d["chosen"].update(removed=[9]), "chosen.removed \\[9\\]"),
+        ("original", "config.json", lambda d: d.update(cbo_original_layers=[0, 1]), "cbo_original_layers lists 2"),
+        ("removed", "config.json", lambda d: d.update(cbo_removed_layers=[0]), "cbo_removed_layers \\[0\\]"),
+        ("widths", "config.json", lambda d: d.update(num_hidden_layers=2, cbo_original_layers=[0, 1],
+                                                    cbo_removed_layers=[2, 3]), "cbo_layer_widths lists 3"),
+        ("layers", "config.json", lambda d: d.update(num_hidden_layers=2, cbo_original_layers=[0, 1],
+                                                    cbo_removed_layers=[2, 3], cbo_layer_widths=None),
+         "weights .* do not fit"),
+    ]  # fmt: skip
+    for name, file, change, match in cases:
+        with pytest.raises(CorruptFileError, match=match):
+            DepthReport.load(edited(name, file, change))
+    with pytest.raises(CorruptFileError, match="cbo_original_layers"):
+        load_pruned(tmp_path / "original")  # what `cbo widths` loads
 
 
 def test_validate_zero_chooses_the_ground_state(tiny_model, tiny_windows):
