@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import types
-from pathlib import Path
 from importlib.machinery import ModuleSpec
+from pathlib import Path
 
 import numpy as np
 import pytest
