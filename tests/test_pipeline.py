@@ -233,6 +233,15 @@ def test_bad_requests_are_refused(tiny_model, tiny_windows):
             prune_depth(model, None, splits=splits, remove=remove, keep=keep, **SOLVE)
     with pytest.raises(InfeasibleError, match="out of range"):
         prune_depth(model, None, splits=splits, remove=1, keep=[7], **SOLVE)
+    # one rule, one message whatever the size of the mistake (issue 27: "use 1..3" for 4, "M must be in 0..4"
+    # for 30, and "M must be in 0..0" then M = 0 refused with every block kept)
+    for remove in (4, 30):
+        with pytest.raises(InfeasibleError, match=f"remove={remove} is out of range: the model has 4 blocks; use 1..3"):
+            prune_depth(model, None, splits=splits, remove=remove, **SOLVE)
+    with pytest.raises(InfeasibleError, match="4 blocks, 2 of them kept; use 1..2"):
+        prune_depth(model, None, splits=splits, remove=3, keep=[0, 1], **SOLVE)
+    with pytest.raises(InfeasibleError, match="nothing can be removed: the model has 4 blocks, 4 of them kept"):
+        prune_depth(model, None, splits=splits, remove=1, keep=[0, 1, 2, 3], **SOLVE)
     with pytest.raises(CBOError, match=r"unknown method 'magic'; valid methods: \['cbo'"):
         prune_depth(model, None, splits=splits, remove=1, method="magic", **SOLVE)
     with pytest.raises(CBOError, match="validate must be"):
