@@ -128,3 +128,32 @@ def check_bool(name: str, value: Any, *, error: type[Exception] = InvalidOptionE
 def check_seed(name: str, value: Any, *, error: type[Exception] = InvalidOptionError) -> int:
     """A random seed: an integer in 0..2**32-1 (what numpy and torch take from every caller)."""
     return check_int(name, value, 0, MAX_SEED, error=error)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation can get now (``MemAvailable``; total physical memory where that is
+    missing), or None where neither is known."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_memory(what: str, need: int, *, error: type[Exception] = InvalidOptionError, hint: str = "") -> None:
+    """``error`` before the allocation when ``what`` needs more than the ``need`` bytes this machine has free,
+    saying how much it needs and how much there is."""
+    have = available_memory()
+    if have is not None and need > have:
+        raise error(
+            f"{what} needs about {need / 2**30:.1f} GiB of memory, but {have / 2**30:.1f} GiB are available."
+            + (f" {hint}" if hint else "")
+        )

@@ -212,6 +212,28 @@ def row_python_api_values_are_cbo_errors(folder, monkeypatch):
         cbo.BlockQUBO(np.eye(2), [1j, 0])
 
 
+def row_qubo_random_ranges_and_memory(folder, monkeypatch, tmp_path):
+    """`qubo random --rank -2` / `--rank 0` and `--n 100000` are refused before any array is drawn, naming the
+    option and, for sizes, the memory they need (they raised ValueError, printed "H contains nan", or tried to
+    allocate 74.5 GiB)."""
+    import cbo.checks
+
+    out = str(tmp_path / "q.cboq")
+    for rank in ("-2", "0"):
+        res = _cli("qubo", "random", "--n", "8", "--rank", rank, "-o", out)
+        assert res.exit_code == 2 and f"rank (of the coupling) must be an integer in 1..8, got {rank}" in res.output
+    res = _cli("qubo", "random", "--n", "100000", "-o", out)
+    assert res.exit_code == 2 and "n=100000 blocks needs about 605.4 GiB of memory" in res.output, res.output
+    monkeypatch.setattr(cbo.checks, "available_memory", lambda: 2**30)  # whatever this machine has
+    with pytest.raises(InvalidQUBOError, match=r"n=4000 blocks needs about 1.0 GiB of memory, but 1.0 GiB"):
+        random_block_qubo(4000, 0)
+    from cbo.instances import fisher_block_qubo
+
+    with pytest.raises(InvalidQUBOError, match=r"n=4000 blocks needs about"):
+        fisher_block_qubo(4000, 0)
+    assert not os.path.exists(out)
+
+
 ROWS = [v for k, v in sorted(globals().items()) if k.startswith("row_")]
 
 
