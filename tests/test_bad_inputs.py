@@ -225,12 +225,12 @@ def row_qubo_random_ranges_and_memory(folder, monkeypatch, tmp_path):
     res = _cli("qubo", "random", "--n", "100000", "-o", out)
     assert res.exit_code == 2 and "n=100000 blocks needs about 605.4 GiB of memory" in res.output, res.output
     monkeypatch.setattr(cbo.checks, "available_memory", lambda: 2**30)  # whatever this machine has
-    with pytest.raises(InvalidQUBOError, match=r"n=4000 blocks needs about 1.0 GiB of memory, but 1.0 GiB"):
-        random_block_qubo(4000, 0)
+    with pytest.raises(InvalidQUBOError, match=r"n=5000 blocks needs about 1.5 GiB of memory, but 1.0 GiB"):
+        random_block_qubo(5000, 0)
     from cbo.instances import fisher_block_qubo
 
-    with pytest.raises(InvalidQUBOError, match=r"n=4000 blocks needs about"):
-        fisher_block_qubo(4000, 0)
+    with pytest.raises(InvalidQUBOError, match=r"n=5000 blocks needs about"):
+        fisher_block_qubo(5000, 0)
     assert not os.path.exists(out)
 
 
