@@ -128,10 +128,16 @@ def solve(
         typer.echo(json.dumps(states.to_json(), indent=1))
     else:
         print_states(states, title=escape(f"{file.name}: remove {remove} of {qubo.n}"))
+    if states.info.get("fewer_states"):
+        err_console.print(f"[yellow]note: {escape(states.info['fewer_states'])}[/]")
     if states.info.get("interrupted"):
         if as_json:
             err_console.print("[yellow]interrupted: these are the best states found so far.[/]")
         raise typer.Exit(130)
+
+
+# solvers that need a Python object, so that `cbo solve -s NAME` cannot use them
+PYTHON_ONLY = {"dimod": " [Python only: cbo.solve(q, M, solver=<a dimod.Sampler>); not usable with `cbo solve -s`]"}
 
 
 @app.command()
@@ -144,7 +150,7 @@ def solvers() -> None:
             name,
             "[green]yes[/]" if a.ok else "[red]no[/]",
             "yes" if a.exact else "no",
-            escape(a.description if a.ok else a.reason),
+            escape((a.description if a.ok else a.reason) + (PYTHON_ONLY.get(name, "") if a.ok else "")),
         )
         for name, a in available().items()
     )

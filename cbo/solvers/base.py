@@ -348,7 +348,28 @@ def solve(
             + (f" ({out.info['hint']})" if "hint" in out.info else "")
             + "."
         )
+    note_fewer_states(result, qubo, int(remove), k, cls.name)
     return result
+
+
+def note_fewer_states(result: RankedStates, qubo: BlockQUBO, remove: int, k: int, name: str) -> None:
+    """``info["fewer_states"]``: why fewer than the ``k`` states asked for came back, where more exist."""
+    import math
+
+    c = qubo.constraints
+    exist = math.comb(qubo.n - len(c.keep) - len(c.force), remove - len(c.force))
+    if len(result) >= min(k, exist):
+        return
+    if result.exact:
+        why = "the constraints admit no more"  # an exact solver lists every feasible state up to k
+    elif c.caps or c.max_removed_params is not None or c.min_removed_params is not None:
+        why = "its samples found no more; the caps or the parameter budget may admit no more"
+    else:
+        why = "its samples converged on fewer distinct states"
+    result.info["fewer_states"] = (
+        f"{name} returned {len(result)} distinct feasible states of the {k} asked for ({why}); ask it for more "
+        "samples (-o num_reads=...) or use a solver that lists k states (enumerate, swap-sa)."
+    )
 
 
 def block_list(blocks: Any, label: str) -> list[Any]:
