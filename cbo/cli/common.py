@@ -18,8 +18,9 @@ from rich.markup import escape
 
 from cbo.errors import CBOError
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+# no emoji codes: a user's name such as "synthetic:abc:1" must print as it is, not as "synthetic🔤1"
+console = Console(emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 MODEL_HELP = "'smollm2-135m' (the default, installed by `cbo setup`), a local Hugging Face folder, or a hub id."
 TEXT_HELP = "Text: a file, a folder of .txt files, or a .jsonl; default: the six Austen novels."
