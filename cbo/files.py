@@ -253,3 +253,61 @@ def record_written(folder: str | os.PathLike, paths: Sequence[str | os.PathLike]
     names = {os.path.relpath(p, folder) for p in paths}
     files = sorted(set(written_by_cbo(folder) or []) | names)
     atomic_write_bytes(folder / WRITTEN_MARKER, json.dumps({"files": files}, indent=1).encode())
+
+
+@contextmanager
+def output_lock(path: str | os.PathLike | None) -> Iterator[None]:
+    """Hold the output folder or file ``path`` for this process while the block runs (nothing for None): a second
+    CBO run writing the same output meanwhile is refused before its work, instead of both reporting success.
+
+    The lock is a file ``.NAME.cbo-lock`` beside ``path`` holding the owner's process id; one whose process has
+    ended (a crash, a kill) is taken over.
+
+    Raises:
+        OutputPathError: another running process holds ``path``.
+    """
+    if path is None:
+        yield
+        return
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    lock = path.parent / f".{path.name}.cbo-lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = _lock_owner(lock)
+            if owner is not None and _alive(owner):
+                raise OutputPathError(
+                    f"another CBO run (process {owner}) is writing {str(path)!r}; wait for it to finish or choose "
+                    f"another output (if no such run exists, delete {str(lock)!r})."
+                ) from None
+            lock.unlink(missing_ok=True)  # its owner has ended
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        break
+    else:
+        raise OutputPathError(f"cannot lock the output {str(path)!r} ({str(lock)!r} keeps coming back).")
+    try:
+        yield
+    finally:
+        if _lock_owner(lock) == os.getpid():
+            lock.unlink(missing_ok=True)
+
+
+def _lock_owner(lock: Path) -> int | None:
+    try:
+        return int(lock.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

@@ -234,6 +234,32 @@ def row_qubo_random_ranges_and_memory(folder, monkeypatch, tmp_path):
     assert not os.path.exists(out)
 
 
+def row_prune_outputs_locked_ratio_needs_width_and_tokenizer_named(folder, monkeypatch, tmp_path):
+    """Two `cbo prune` runs into the same --out at once: the second is refused before its work (both reported
+    success); a lock left by a run that ended is taken over. `--ratio` without `--width` is refused (it silently
+    did width pruning). A saved folder is reported with its tokenizer (the line said only model and report)."""
+    import cbo.pipeline
+    from cbo.files import output_lock
+
+    path, text, model, tok = folder
+    out = tmp_path / "pruned"
+    args = ["prune", str(path), "--text", str(text), "--remove", "2", "--no-cache", "--out", str(out), *SMALL]
+    with output_lock(out):  # a run in progress (this process) holds the folder
+        with monkeypatch.context() as m:
+            m.setattr(cbo.pipeline, "prune_depth", _forbid)
+            res = _cli(*args)
+    assert res.exit_code == 2 and not isinstance(res.exception, WorkStarted), res.output
+    assert "another CBO run (process" in res.output and str(out) in res.output
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".pruned.cbo-lock").write_text(ended.stdout.strip())  # left by a process that has ended
+    res = _cli(*args, "--top", "2", "--validate", "2", "-q")
+    assert res.exit_code == 0, res.output
+    assert "saved the pruned model, its tokenizer and report.json" in " ".join(res.output.split())
+    assert not (tmp_path / ".pruned.cbo-lock").exists()
+    res = _cli("prune", str(path), "--ratio", "0.2", "--no-cache")
+    assert res.exit_code == 2 and "--ratio 0.2 is a width-pruning fraction: give --width NAME" in res.output
+
+
 ROWS = [v for k, v in sorted(globals().items()) if k.startswith("row_")]
 
 
