@@ -32,8 +32,8 @@ from cbo.errors import CorruptFileError, OutputPathError
 WRITTEN_MARKER = ".cbo-written.json"  # the files CBO wrote into an output folder (the only ones it may replace)
 PRUNED_FORMAT_KEY = "cbo_pruned_format"  # the config.json entry of every model folder cbo.save_pruned writes
 
-# what a damaged zip member or .npy header can raise while being read
-_READ_ERRORS = (
+# what a damaged zip member or .npy header can raise while being read (every reader of a CBO archive catches these)
+READ_ERRORS = (
     zipfile.BadZipFile,
     zipfile.LargeZipFile,
     zlib.error,
@@ -61,6 +61,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def archive_checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
@@ -98,7 +103,7 @@ def read_archive(path: Path, keys: Sequence[str]) -> tuple[dict[str, Any], dict[
         with zipfile.ZipFile(path) as zf:
             meta = json.loads(zf.read("meta.json").decode("utf-8"))
             arrays = {k: np.load(io.BytesIO(zf.read(f"{k}.npy")), allow_pickle=False) for k in keys}
-    except _READ_ERRORS as exc:
+    except READ_ERRORS as exc:
         raise CorruptFileError(
             f"{label} is not a readable CBO file (truncated, damaged or not written by CBO): {exc}"
         ) from exc
@@ -248,3 +253,61 @@ def record_written(folder: str | os.PathLike, paths: Sequence[str | os.PathLike]
     names = {os.path.relpath(p, folder) for p in paths}
     files = sorted(set(written_by_cbo(folder) or []) | names)
     atomic_write_bytes(folder / WRITTEN_MARKER, json.dumps({"files": files}, indent=1).encode())
+
+
+@contextmanager
+def output_lock(path: str | os.PathLike | None) -> Iterator[None]:
+    """Hold the output folder or file ``path`` for this process while the block runs (nothing for None): a second
+    CBO run writing the same output meanwhile is refused before its work, instead of both reporting success.
+
+    The lock is a file ``.NAME.cbo-lock`` beside ``path`` holding the owner's process id; one whose process has
+    ended (a crash, a kill) is taken over.
+
+    Raises:
+        OutputPathError: another running process holds ``path``.
+    """
+    if path is None:
+        yield
+        return
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    lock = path.parent / f".{path.name}.cbo-lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = _lock_owner(lock)
+            if owner is not None and _alive(owner):
+                raise OutputPathError(
+                    f"another CBO run (process {owner}) is writing {str(path)!r}; wait for it to finish or choose "
+                    f"another output (if no such run exists, delete {str(lock)!r})."
+                ) from None
+            lock.unlink(missing_ok=True)  # its owner has ended
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        break
+    else:
+        raise OutputPathError(f"cannot lock the output {str(path)!r} ({str(lock)!r} keeps coming back).")
+    try:
+        yield
+    finally:
+        if _lock_owner(lock) == os.getpid():
+            lock.unlink(missing_ok=True)
+
+
+def _lock_owner(lock: Path) -> int | None:
+    try:
+        return int(lock.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

@@ -141,3 +141,96 @@ def test_test_files_have_unique_basenames():
     tests = Path(__file__).resolve().parent
     names = [p.name for p in tests.rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+# ---------------------------------------------------------------------------------------- the second step of the house
+MAX_PARAMETERS = 16
+GROUND_FLOOR = 12
+
+
+def _compiled(node: ast.FunctionDef) -> bool:
+    """A numba kernel (``@njit``/``@jit``, bare or called): its parameter list is its ABI, exempt from the limit."""
+    for d in node.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name in ("njit", "jit"):
+            return True
+    return False
+
+
+def long_signatures(root: Path) -> dict[str, int]:
+    """``{"file:line name": parameter count}`` of the functions outside ``cli/`` with too many parameters."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        if "cli" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or _compiled(node):
+                continue
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            n = len(params) + (a.vararg is not None) + (a.kwarg is not None)
+            n -= bool(params) and params[0].arg in ("self", "cls")
+            if n > MAX_PARAMETERS:
+                out[f"{path.relative_to(root.parent)}:{node.lineno} {node.name}"] = n
+    return out
+
+
+def test_the_signature_checker_counts_parameters(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    many = ", ".join(f"a{i}" for i in range(MAX_PARAMETERS))
+    (pkg / "m.py").write_text(
+        f"def ok(self, {many}): pass\ndef bad({many}, *, extra): pass\n@njit(cache=True)\ndef kernel({many}, x): pass\n"
+    )
+    assert long_signatures(pkg) == {"pkg/m.py:2 bad": MAX_PARAMETERS + 1}
+
+
+def test_no_long_parameter_lists_outside_the_cli():
+    assert long_signatures(ROOT) == {}
+
+
+def test_a_top_level_of_rooms():
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(loose) <= GROUND_FLOOR, loose
+
+
+def test_measurement_lives_in_its_own_package():
+    hessian = {p.stem for p in (ROOT / "hessian").glob("*.py")}
+    assert not hessian & {"measure", "measurer", "measure_cache", "replay", "executors"}
+    assert {"measurer", "cache", "replay", "executors"} <= {p.stem for p in (ROOT / "measure").glob("*.py")}
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "scripts"])
+def test_no_oversized_files_beside_the_package(folder):
+    base = ROOT.parent / folder
+    big = {
+        str(p.relative_to(ROOT.parent)): n
+        for p in base.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert big == {}
+
+
+def test_the_results_tree_holds_summaries_only():
+    """What BENCHMARKS.md cites (JSON summaries, Markdown, PNG); checkpoints, caches, logs and runs go to out/."""
+    repo = ROOT.parent
+    tracked = subprocess.run(
+        ["git", "ls-files", "benchmarks"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.split()
+    results = [p for p in tracked if p.startswith("benchmarks/results/")]
+    leftovers = [
+        p
+        for p in results
+        if not p.endswith((".json", ".md", ".png"))
+        or ".ckpt" in p
+        or any(part in ("cache", "run", "runs", "out", "logs") for part in p.split("/"))
+    ]
+    assert leftovers == []
+    machine_paths = [
+        p
+        for p in tracked
+        if p.endswith((".sh", ".py"))
+        and any(s in (repo / p).read_text() for s in ("/tmp/", "/work/", "/root/", "/home/"))
+    ]
+    assert machine_paths == []

@@ -164,6 +164,102 @@ def row_ctrl_c_in_prune_says_what_is_kept(folder, monkeypatch, tmp_path):
     assert res.exit_code == 130 and "nothing is kept" in res.output, res.output
 
 
+# ------------------------------------------------------------------------- issue 27 (second round)
+def row_string_tokenizer_is_resolved_or_refused(folder, monkeypatch):
+    """A tokenizer given as a string: a model folder loads its tokenizer; anything else is a DataError that shows
+    the string shortened (it raised LookupError "unknown encoding: <the whole text>")."""
+    path, text, model, tok = folder
+    import cbo.pipeline.depth
+
+    monkeypatch.setattr(cbo.pipeline.depth, "_estimate_and_solve", _forbid)
+    with pytest.raises(WorkStarted):  # the folder's tokenizer cut the text: the work was reached
+        cbo.prune_depth(model, str(path), text=str(text), remove=2, cache_dir=None, progress=False,
+                        seq_len=16, n_calibration=4, n_validation=2)  # fmt: skip
+    long = "It is a truth universally acknowledged. " * 200
+    for bad, match in (("tiny6\n", "tokenizer='tiny6\\\\n' is not a model name"), (long, r"… \(8000 characters\)"),
+                       (str(path / "missing"), "cannot load a tokenizer")):  # fmt: skip
+        with pytest.raises(DataError, match=match) as info:
+            cbo.prune_depth(model, bad, text=str(text), remove=2, cache_dir=None, progress=False)
+        assert len(str(info.value)) < 1000
+
+
+def row_python_api_values_are_cbo_errors(folder, monkeypatch):
+    """Wrong types and impossible values in the Python API are CBOErrors naming the option (they were TypeError,
+    AssertionError, OSError with the whole text, or a complex H silently made real)."""
+    path, text, model, tok = folder
+    q = random_block_qubo(6, 0)
+    for kwargs, match in (({"seed": "x"}, "seed must be an integer in 0..4294967295, got 'x' \\(a str\\)"),
+                          ({"time_limit": "1"}, "time_limit \\(seconds\\) must be a number > 0 or None, got '1'"),
+                          ({"k": 2.5}, "k must be an integer >= 1, got 2.5")):  # fmt: skip
+        with pytest.raises(CBOError, match=match):
+            cbo.solve(q, 2, "enumerate", **kwargs)
+    kw = dict(remove=2, cache_dir=None, progress=False)
+    for kwargs, match in (
+        ({"seq_len": 32.5}, r"seq_len \(tokens per window, --seq-len\) must be an integer >= 2, got 32.5"),
+        ({"n_calibration": 0}, r"n_calibration \(calibration windows, --n-calibration\) must be an integer >= 1"),
+        ({"device": "cuda:7"}, "device 'cuda:7'"),
+        ({"device": "nonsense"}, "is not a torch device"),
+        ({"dtype": "float13"}, "dtype .* must be one of 'float32', 'bfloat16', 'float16', 'float64'; got 'float13'"),
+        ({"text": "A long raw text. " * 2000}, r"text source 'A long raw text.*… \(34000 characters\) is not an"),
+    ):
+        with pytest.raises(CBOError, match=match) as info:
+            cbo.prune_depth(model, tok, **{"text": str(text), **kw, **kwargs})
+        assert len(str(info.value)) < 1000
+    H = np.eye(3) + 1j * np.eye(3)
+    with pytest.raises(InvalidQUBOError, match="H holds complex numbers"):
+        cbo.BlockQUBO(H)
+    with pytest.raises(InvalidQUBOError, match="g holds complex numbers"):
+        cbo.BlockQUBO(np.eye(2), [1j, 0])
+
+
+def row_qubo_random_ranges_and_memory(folder, monkeypatch, tmp_path):
+    """`qubo random --rank -2` / `--rank 0` and `--n 100000` are refused before any array is drawn, naming the
+    option and, for sizes, the memory they need (they raised ValueError, printed "H contains nan", or tried to
+    allocate 74.5 GiB)."""
+    import cbo.checks
+
+    out = str(tmp_path / "q.cboq")
+    for rank in ("-2", "0"):
+        res = _cli("qubo", "random", "--n", "8", "--rank", rank, "-o", out)
+        assert res.exit_code == 2 and f"rank (of the coupling) must be an integer in 1..8, got {rank}" in res.output
+    res = _cli("qubo", "random", "--n", "100000", "-o", out)
+    assert res.exit_code == 2 and "n=100000 blocks needs about 605.4 GiB of memory" in res.output, res.output
+    monkeypatch.setattr(cbo.checks, "available_memory", lambda: 2**30)  # whatever this machine has
+    with pytest.raises(InvalidQUBOError, match=r"n=5000 blocks needs about 1.5 GiB of memory, but 1.0 GiB"):
+        random_block_qubo(5000, 0)
+    from cbo.qubo.instances import fisher_block_qubo
+
+    with pytest.raises(InvalidQUBOError, match=r"n=5000 blocks needs about"):
+        fisher_block_qubo(5000, 0)
+    assert not os.path.exists(out)
+
+
+def row_prune_outputs_locked_ratio_needs_width_and_tokenizer_named(folder, monkeypatch, tmp_path):
+    """Two `cbo prune` runs into the same --out at once: the second is refused before its work (both reported
+    success); a lock left by a run that ended is taken over. `--ratio` without `--width` is refused (it silently
+    did width pruning). A saved folder is reported with its tokenizer (the line said only model and report)."""
+    import cbo.pipeline
+    from cbo.files import output_lock
+
+    path, text, model, tok = folder
+    out = tmp_path / "pruned"
+    args = ["prune", str(path), "--text", str(text), "--remove", "2", "--no-cache", "--out", str(out), *SMALL]
+    with output_lock(out):  # a run in progress (this process) holds the folder
+        with monkeypatch.context() as m:
+            m.setattr(cbo.pipeline, "prune_depth", _forbid)
+            res = _cli(*args)
+    assert res.exit_code == 2 and not isinstance(res.exception, WorkStarted), res.output
+    assert "another CBO run (process" in res.output and str(out) in res.output
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / ".pruned.cbo-lock").write_text(ended.stdout.strip())  # left by a process that has ended
+    res = _cli(*args, "--top", "2", "--validate", "2", "-q")
+    assert res.exit_code == 0, res.output
+    assert "saved the pruned model, its tokenizer and report.json" in " ".join(res.output.split())
+    assert not (tmp_path / ".pruned.cbo-lock").exists()
+    res = _cli("prune", str(path), "--ratio", "0.2", "--no-cache")
+    assert res.exit_code == 2 and "--ratio 0.2 is a width-pruning fraction: give --width NAME" in res.output
+
+
 ROWS = [v for k, v in sorted(globals().items()) if k.startswith("row_")]
 
 

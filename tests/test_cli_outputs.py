@@ -156,14 +156,24 @@ def test_a_model_folder_an_earlier_cbo_saved_is_written_again(tmp_path, no_work)
     assert isinstance(_run("demo", "--out", str(earlier)).exception, WorkStarted)
 
 
-def test_an_existing_output_file_is_written_again(tmp_path):
-    """A file a command wrote before (or any writable file at the path) is replaced, as a rerun expects."""
+def test_an_existing_output_file_is_replaced_only_with_overwrite(tmp_path):
+    """`qubo random -o`, `solve --out` and `solve --plot` refuse a file that exists, naming it and --overwrite,
+    and replace it with --overwrite (issue 27: they overwrote a user's file silently)."""
     path = tmp_path / "q.cboq"
-    for seed in ("0", "1"):
-        res = _run("qubo", "random", "--n", "6", "--seed", seed, "-o", str(path))
-        assert res.exit_code == 0, res.output
-    out = tmp_path / "states.json"
-    out.write_text("old")
-    res = _run("solve", str(path), "--remove", "2", "--solver", "enumerate", "--out", str(out))
+    res = _run("qubo", "random", "--n", "6", "--seed", "0", "-o", str(path))
     assert res.exit_code == 0, res.output
-    assert out.read_text() != "old"
+    before = path.read_bytes()
+    res = _run("qubo", "random", "--n", "6", "--seed", "1", "-o", str(path))
+    _refused(res, path, "exists", "--overwrite")
+    assert path.read_bytes() == before
+    res = _run("qubo", "random", "--n", "6", "--seed", "1", "-o", str(path), "--overwrite")
+    assert res.exit_code == 0 and path.read_bytes() != before, res.output
+    for option, name in (("--out", "states.json"), ("--plot", "spectrum.png")):
+        out = tmp_path / name
+        out.write_text("old")
+        args = ["solve", str(path), "--remove", "2", "--solver", "enumerate", option, str(out)]
+        _refused(_run(*args), out, "exists", "--overwrite")
+        assert out.read_text() == "old"
+        res = _run(*args, "--overwrite")
+        assert res.exit_code == 0, res.output
+        assert out.read_bytes() != b"old"

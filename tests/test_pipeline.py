@@ -6,6 +6,7 @@ import json
 import sys
 import types
 from importlib.machinery import ModuleSpec
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,6 +135,54 @@ def test_report_save_load_round_trip(tiny_model, tiny_windows, tmp_path):
         again.save_model(tmp_path / "nothing")
 
 
+def test_edited_pruned_folders_are_refused_naming_the_field(tiny_model, tiny_windows, tmp_path):
+    """Issue 27: a report, config or weights edited so that they disagree load as CorruptFileError naming the field
+    (they loaded silently: the report's removed blocks against the model's config, an original_layers list of the
+    wrong length, a layer count the weights do not fill)."""
+    import json
+    import shutil
+
+    from cbo.errors import CorruptFileError
+    from cbo.surgery.io import load_pruned
+
+    model = tiny_model("llama", n_layers=4)
+    report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=1, top_k=2, validate=2, **SOLVE)
+    good = report.save_model(tmp_path / "good")
+    DepthReport.load(good)  # the unedited folder loads
+
+    def edited(name: str, file: str, change) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        data = json.loads((folder / file).read_text())
+        change(data)
+        (folder / file).write_text(json.dumps(data))
+        return folder
+
+    other = next(i for i in range(1, 4) if i not in report.chosen_blocks)
+
+    def other_block(d):
+        d["chosen"]["removed"] = [other]
+        d["chosen"]["removed_names"] = [f"layers.{other}"]
+
+    cases = [
+        ("report", "report.json", other_block, "disagree.*removes the layers \\[" + str(other)),
+        ("names", "report.json", lambda d: d["chosen"].update(removed=[other]), "removed_names"),
+        ("range", "report.json", lambda d: d["chosen"].update(removed=[9]), "chosen.removed \\[9\\]"),
+        ("original", "config.json", lambda d: d.update(cbo_original_layers=[0, 1]), "cbo_original_layers lists 2"),
+        ("removed", "config.json", lambda d: d.update(cbo_removed_layers=[0]), "cbo_removed_layers \\[0\\]"),
+        ("widths", "config.json", lambda d: d.update(num_hidden_layers=2, cbo_original_layers=[0, 1],
+                                                    cbo_removed_layers=[2, 3]), "cbo_layer_widths lists 3"),
+        ("layers", "config.json", lambda d: d.update(num_hidden_layers=2, cbo_original_layers=[0, 1],
+                                                    cbo_removed_layers=[2, 3], cbo_layer_widths=None),
+         "weights .* do not fit"),
+    ]  # fmt: skip
+    for name, file, change, match in cases:
+        with pytest.raises(CorruptFileError, match=match):
+            DepthReport.load(edited(name, file, change))
+    with pytest.raises(CorruptFileError, match="cbo_original_layers"):
+        load_pruned(tmp_path / "original")  # what `cbo widths` loads
+
+
 def test_validate_zero_chooses_the_ground_state(tiny_model, tiny_windows):
     model = tiny_model("qwen2", n_layers=5)
     report = prune_depth(model, None, splits=_splits(model, tiny_windows), remove=2, top_k=3, validate=0, **SOLVE)
@@ -184,6 +233,15 @@ def test_bad_requests_are_refused(tiny_model, tiny_windows):
             prune_depth(model, None, splits=splits, remove=remove, keep=keep, **SOLVE)
     with pytest.raises(InfeasibleError, match="out of range"):
         prune_depth(model, None, splits=splits, remove=1, keep=[7], **SOLVE)
+    # one rule, one message whatever the size of the mistake (issue 27: "use 1..3" for 4, "M must be in 0..4"
+    # for 30, and "M must be in 0..0" then M = 0 refused with every block kept)
+    for remove in (4, 30):
+        with pytest.raises(InfeasibleError, match=f"remove={remove} is out of range: the model has 4 blocks; use 1..3"):
+            prune_depth(model, None, splits=splits, remove=remove, **SOLVE)
+    with pytest.raises(InfeasibleError, match="4 blocks, 2 of them kept; use 1..2"):
+        prune_depth(model, None, splits=splits, remove=3, keep=[0, 1], **SOLVE)
+    with pytest.raises(InfeasibleError, match="nothing can be removed: the model has 4 blocks, 4 of them kept"):
+        prune_depth(model, None, splits=splits, remove=1, keep=[0, 1, 2, 3], **SOLVE)
     with pytest.raises(CBOError, match=r"unknown method 'magic'; valid methods: \['cbo'"):
         prune_depth(model, None, splits=splits, remove=1, method="magic", **SOLVE)
     with pytest.raises(CBOError, match="validate must be"):

@@ -18,14 +18,16 @@ from rich.markup import escape
 
 from cbo.errors import CBOError
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+# no emoji codes: a user's name such as "synthetic:abc:1" must print as it is, not as "synthetic🔤1"
+console = Console(emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 MODEL_HELP = "'smollm2-135m' (the default, installed by `cbo setup`), a local Hugging Face folder, or a hub id."
 TEXT_HELP = "Text: a file, a folder of .txt files, or a .jsonl; default: the six Austen novels."
 
 
 OVERWRITE_HELP = "Write into a non-empty folder CBO did not write (only files of the same names are replaced)."
+OVERWRITE_FILES_HELP = "Replace output files that already exist."
 
 # the help of the options several commands share
 GRANULARITY_HELP = "layer, or sublayer (attention and MLP halves)."
@@ -59,16 +61,21 @@ def check_outputs(
     *,
     overwrite: bool = False,
     make_parents: bool = False,
+    replace_files: bool | None = None,
 ) -> None:
     """Check every output of a command before its work starts (:mod:`cbo.files`): files that cannot be written
-    (or whose folder is missing, unless the command creates it: ``make_parents``), and folders that cannot be
-    written or hold files CBO did not write (refused unless ``overwrite``), raise OutputPathError. ``None``
-    entries (outputs not asked for) are skipped."""
+    (or whose folder is missing, unless the command creates it: ``make_parents``; or that exist, when
+    ``replace_files`` is False: the command's ``--overwrite`` not given), and folders that cannot be written or
+    hold files CBO did not write (refused unless ``overwrite``), raise OutputPathError. ``None`` entries
+    (outputs not asked for) are skipped."""
+    from cbo.errors import OutputPathError
     from cbo.files import check_output_dir, check_output_file
 
     for path in files:
         if path is not None:
             check_output_file(path, make_parents=make_parents)
+            if replace_files is False and path.exists():
+                raise OutputPathError(f"{str(path)!r} exists; pass --overwrite to replace it, or choose another name.")
     for path in folders:
         if path is not None:
             check_output_dir(path, overwrite=overwrite)

@@ -46,14 +46,13 @@ def eval_tasks(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the result lines: no bars, logs or warnings."),
 ) -> None:
     """Evaluate a model on lm-eval tasks (nothing is downloaded: local tasks, or cached ones)."""
-    from cbo.errors import CBOError, DataError
+    from cbo.errors import CBOError
 
     try:
-        from cbo.downstream.harness import evaluate_tasks, parse_tasks, task_manager
+        from cbo.downstream.harness import check_eval_options, evaluate_tasks, parse_tasks, task_manager
         from cbo.model.loading import load_model
 
-        if limit is not None and (limit <= 0 or (limit >= 1 and limit != int(limit))):
-            raise DataError(f"--limit {limit} must be a whole number of items or a fraction in (0, 1)")
+        limit = check_eval_options(limit, num_fewshot, batch_size)
         from cbo.cli.common import check_outputs
 
         check_outputs((output,))
@@ -66,7 +65,7 @@ def eval_tasks(
             m,
             tok,
             names,
-            limit=int(limit) if limit is not None and limit >= 1 else limit,
+            limit=limit,
             num_fewshot=num_fewshot,
             batch_size=batch_size,
             seed=seed,

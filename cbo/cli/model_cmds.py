@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -30,6 +31,7 @@ from cbo.cli.common import (
 )
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
+from cbo.files import output_lock
 
 ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
 
@@ -166,102 +168,121 @@ def prune(
     """
     from cbo.pipeline import prune_depth
 
+    locks = contextlib.ExitStack()
     try:
         check_outputs(folders=(out, plots), overwrite=overwrite)
-    except CBOError as exc:
-        fail(exc)
-    if width is not None or ratio is not None:
-        if remove is not None:
-            fail(
-                CBOError(
-                    "--remove (depth) and --width (width) were both given; use `cbo compress --depth cbo "
-                    "--width NAME --ratio R` to combine them."
-                )
+        if width is None and ratio is not None:
+            raise CBOError(
+                f"--ratio {ratio} is a width-pruning fraction: give --width NAME with it (e.g. --width taylor), or "
+                "--remove M for depth pruning."
             )
-        if refine is not None:
-            fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop --refine."))
-        if ratio is None:
-            fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
-        _prune_width(
-            model, width, ratio, ratio_of, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet
-        )
-        return
-    remove = 8 if remove is None else remove
-    try:
-        opts = parse_options(option, "--option")
-        from cbo.model.loading import load_model
-
-        manager = None
-        if tasks is not None:
-            from cbo.downstream.harness import parse_tasks, task_manager
-
-            if tasks_limit is not None and tasks_limit < 1:
-                raise CBOError(f"--tasks-limit must be >= 1, got {tasks_limit}.")
-            tasks = parse_tasks(tasks)
-            manager = task_manager(tasks)  # unknown task names fail before any model work
-        # loaded here (quietly with -q; the original is also what --tasks evaluates after pruning)
-        loaded, tokenizer = load_model(model, quiet=quiet)
-        say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
-        report = prune_depth(
-            loaded,
-            tokenizer,
-            text,
-            remove=remove,
-            estimator=estimator,
-            loss=loss,
-            solver=solver,
-            top_k=top,
-            validate=validate,
-            granularity=granularity,
-            method=method,
-            keep=parse_blocks(keep) or None,
-            caps=parse_caps(max_kind) or None,
-            budget_params=budget_params,
-            seed=seed,
-            cache_dir=cache,
-            n_calibration=n_calibration,
-            n_validation=n_validation,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            estimator_options=opts,
-            progress=not quiet,
-            refine=refine,
-        )
-        report.model_name = model
-        task_results = None
-        if tasks is not None:
-            say(quiet, f"evaluating the original and the pruned model on {', '.join(tasks)} ...")
-            task_results = compare_on_tasks(loaded, report.pruned_model, tokenizer, tasks, tasks_limit, manager, quiet)
-        if out is not None:
-            report.save_model(out)
-            if task_results is not None:
-                (Path(out) / "tasks.json").write_text(json.dumps(task_results, indent=1) + "\n")
-        written = _write_plots(report, plots) if plots is not None else []
-        if written:
-            from cbo.files import record_written
-
-            record_written(plots, written)
+        for path in (out, plots):  # a second run writing the same folder meanwhile is refused
+            locks.enter_context(output_lock(path))
     except CBOError as exc:
+        locks.close()
         fail(exc)
-    except KeyboardInterrupt:
-        interrupted(cache)
-    if as_json:
-        data = report.to_json()
-        if task_results is not None:
-            data["tasks"] = task_results
-        typer.echo(json.dumps(data, indent=1))
-    else:
-        report.print(console)
-        if task_results is not None:
-            console.print(tasks_table(task_results))
-        t = report.timings
-        console.print(
-            "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if k != "total") + f" (total {t['total']:.1f}s)"
-        )
-        if out is not None:
-            console.print(f"saved the pruned model and report.json to {plain(out)}")
-        if written:
-            console.print(f"wrote {len(written)} plots to {plain(plots)}")
+    with locks:
+        if width is not None:
+            if remove is not None:
+                fail(
+                    CBOError(
+                        "--remove (depth) and --width (width) were both given; use `cbo compress --depth cbo "
+                        "--width NAME --ratio R` to combine them."
+                    )
+                )
+            if refine is not None:
+                fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop --refine."))
+            if ratio is None:
+                fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
+            _prune_width(
+                model, width, ratio, ratio_of, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet
+            )
+            return
+        remove = 8 if remove is None else remove
+        try:
+            opts = parse_options(option, "--option")
+            from cbo.model.loading import load_model
+
+            manager = None
+            if tasks is not None:
+                from cbo.downstream.harness import parse_tasks, task_manager
+
+                if tasks_limit is not None and tasks_limit < 1:
+                    raise CBOError(f"--tasks-limit must be >= 1, got {tasks_limit}.")
+                tasks = parse_tasks(tasks)
+                manager = task_manager(tasks)  # unknown task names fail before any model work
+            # loaded here (quietly with -q; the original is also what --tasks evaluates after pruning)
+            loaded, tokenizer = load_model(model, quiet=quiet)
+            say(quiet, f"pruning {remove} blocks of {model} ({method}) ...")
+            report = prune_depth(
+                loaded,
+                tokenizer,
+                text,
+                remove=remove,
+                estimator=estimator,
+                loss=loss,
+                solver=solver,
+                top_k=top,
+                validate=validate,
+                granularity=granularity,
+                method=method,
+                keep=parse_blocks(keep) or None,
+                caps=parse_caps(max_kind) or None,
+                budget_params=budget_params,
+                seed=seed,
+                cache_dir=cache,
+                n_calibration=n_calibration,
+                n_validation=n_validation,
+                seq_len=seq_len,
+                batch_size=batch_size,
+                estimator_options=opts,
+                progress=not quiet,
+                refine=refine,
+            )
+            report.model_name = model
+            task_results = None
+            if tasks is not None:
+                say(quiet, f"evaluating the original and the pruned model on {', '.join(tasks)} ...")
+                task_results = compare_on_tasks(
+                    loaded, report.pruned_model, tokenizer, tasks, tasks_limit, manager, quiet
+                )
+            if out is not None:
+                report.save_model(out)
+                if task_results is not None:
+                    (Path(out) / "tasks.json").write_text(json.dumps(task_results, indent=1) + "\n")
+            written = _write_plots(report, plots) if plots is not None else []
+            if written:
+                from cbo.files import record_written
+
+                record_written(plots, written)
+        except CBOError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            interrupted(cache)
+        if as_json:
+            data = report.to_json()
+            if task_results is not None:
+                data["tasks"] = task_results
+            typer.echo(json.dumps(data, indent=1))
+        else:
+            report.print(console)
+            if task_results is not None:
+                console.print(tasks_table(task_results))
+            t = report.timings
+            console.print(
+                "time: "
+                + ", ".join(f"{k} {v:.1f}s" for k, v in t.items() if k != "total")
+                + f" (total {t['total']:.1f}s)"
+            )
+            if out is not None:
+                saved = (
+                    "the pruned model, its tokenizer and report.json"
+                    if tokenizer is not None
+                    else ("the pruned model and report.json")
+                )
+            console.print(f"saved {saved} to {plain(out)}")
+            if written:
+                console.print(f"wrote {len(written)} plots to {plain(plots)}")
 
 
 def interrupted(cache: bool) -> None:

@@ -12,7 +12,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
-from cbo.cli.common import check_outputs, console, err_console, fail, parse_blocks, parse_options, plain
+from cbo.cli.common import (
+    OVERWRITE_FILES_HELP,
+    check_outputs,
+    console,
+    err_console,
+    fail,
+    parse_blocks,
+    parse_options,
+    plain,
+)
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 from cbo.qubo.block_qubo import BlockQUBO
@@ -78,6 +87,7 @@ def solve(
     as_json: bool = typer.Option(False, "--json", help="Print the ranked states as JSON."),
     out: Optional[Path] = typer.Option(None, help="Write the ranked states to this JSON file."),
     plot: Optional[Path] = typer.Option(None, help="Write the energy spectrum plot to this PNG."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_FILES_HELP),
 ) -> None:
     """Find the lowest-energy ways to remove M blocks.
 
@@ -87,7 +97,7 @@ def solve(
     from cbo.solvers import solve as run_solve
 
     try:
-        check_outputs((out, plot))
+        check_outputs((out, plot), replace_files=overwrite)
         qubo = BlockQUBO.load(file)
         opts = parse_options(option, "--option")
         c = qubo.constraints
@@ -118,10 +128,16 @@ def solve(
         typer.echo(json.dumps(states.to_json(), indent=1))
     else:
         print_states(states, title=escape(f"{file.name}: remove {remove} of {qubo.n}"))
+    if states.info.get("fewer_states"):
+        err_console.print(f"[yellow]note: {escape(states.info['fewer_states'])}[/]")
     if states.info.get("interrupted"):
         if as_json:
             err_console.print("[yellow]interrupted: these are the best states found so far.[/]")
         raise typer.Exit(130)
+
+
+# solvers that need a Python object, so that `cbo solve -s NAME` cannot use them
+PYTHON_ONLY = {"dimod": " [Python only: cbo.solve(q, M, solver=<a dimod.Sampler>); not usable with `cbo solve -s`]"}
 
 
 @app.command()
@@ -134,7 +150,7 @@ def solvers() -> None:
             name,
             "[green]yes[/]" if a.ok else "[red]no[/]",
             "yes" if a.exact else "no",
-            escape(a.description if a.ok else a.reason),
+            escape((a.description if a.ok else a.reason) + (PYTHON_ONLY.get(name, "") if a.ok else "")),
         )
         for name, a in available().items()
     )
@@ -170,12 +186,13 @@ def qubo_random(
     output: Path = typer.Option(..., "-o", "--output", help="File to write."),
     heavy_ends: bool = typer.Option(False, help="Make the first and last block expensive to remove."),
     rank: Optional[int] = typer.Option(None, help="Rank of the coupling (default n//8)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_FILES_HELP),
 ) -> None:
     """Write a synthetic instance shaped like a block Hessian."""
     from cbo.qubo.instances import random_block_qubo
 
     try:
-        check_outputs((output,))
+        check_outputs((output,), replace_files=overwrite)
         q = random_block_qubo(n, seed, rank=rank, heavy_ends=heavy_ends)
         q.save(output)
     except CBOError as exc:

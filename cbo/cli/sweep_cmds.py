@@ -75,10 +75,11 @@ def sweep(
 ) -> None:
     """Run solvers over a grid of instances, M and seeds; finished cells are kept, so a rerun resumes (also after
     Ctrl-C, which stops the cell running and exits with status 130)."""
-    from cbo.solvers.sweep import make_grid, results_table, run_sweep, write_table
+    from cbo.solvers.sweep import check_records_file, make_grid, results_table, run_sweep, write_table
 
     try:
         check_outputs((out, table or out.with_suffix(".csv")), make_parents=True)
+        check_records_file(out)
         cells = make_grid(
             instance,
             _names(solver),
@@ -107,7 +108,9 @@ def sweep(
             "again to resume.[/]"
         )
         raise typer.Exit(130) from None
+    failed = [r for r in rows if r.get("status") != "ok"]
     if quiet:
+        _exit_if_all_failed(rows, failed)
         return
     view = Table(title=escape(f"sweep: {before} cells, results in {path}"))
     cols = ("instance", "remove", "solver", "seed", "wall_time_s", "gap", "top10_recall", "distinct_states", "status")
@@ -116,6 +119,16 @@ def sweep(
     for r in rows:
         view.add_row(*[_fmt(r.get(c)) for c in cols])
     console.print(view)
+    _exit_if_all_failed(rows, failed)
+
+
+def _exit_if_all_failed(rows: list[dict], failed: list[dict]) -> None:
+    """Status 1 when no cell of the grid succeeded (a sweep of errors is not a result)."""
+    if rows and len(failed) == len(rows):
+        err_console.print(
+            f"[red]every one of the {len(rows)} cells failed[/]; the first: {escape(str(failed[0].get('error', '')))}"
+        )
+        raise typer.Exit(1)
 
 
 def _fmt(v) -> str:

@@ -104,7 +104,11 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
         source = assets.default_text_path()
     if isinstance(source, (str, os.PathLike)):
         path = Path(source).expanduser()
-        if path.is_dir():
+        try:
+            kind = "dir" if path.is_dir() else "file" if path.is_file() else None
+        except OSError:  # a raw text passed as a path: "File name too long"
+            kind = None
+        if kind == "dir":
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
             if not files:
                 raise DataError(f"folder {str(path)!r} has no text files ({', '.join(TEXT_SUFFIXES)})")
@@ -115,11 +119,11 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
                     for p in files
                     for n, t in _read_file(p)
                 ]
-        elif path.is_file():
+        elif kind == "file":
             docs = _read_file(path)
         else:
             hint = " (to use a string as text, pass it in a list: [text])" if isinstance(source, str) else ""
-            raise DataError(f"text source {str(source)[:200]!r} is not an existing file or folder{hint}")
+            raise DataError(f"text source {short_repr(source)} is not an existing file or folder{hint}")
     elif _is_dataset(source):
         names = source.column_names
         if isinstance(names, dict):  # a DatasetDict: one entry per split
@@ -151,9 +155,18 @@ def load_documents(source: Any) -> list[tuple[str, str]]:
         )
     docs = [(n, t) for n, t in docs if t.strip()]
     if not docs:
-        raise DataError(f"the text source {str(source)[:200]!r} contains no text")
+        raise DataError(f"the text source {short_repr(source)} contains no text")
     warn_if_binary(docs)
     return docs
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr`` of ``str(value)``, cut to ``limit`` characters with the full length noted (never a whole text in
+    an error message)."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
 
 
 # control characters that do not occur in text (tab, newline, carriage return and form feed do)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cbo.downstream.local_tasks import LOCAL_TAG, LOCAL_TASKS, ensure_local_tasks, installed_local_tasks
-from cbo.errors import DataError, UnknownNameError
+from cbo.errors import DataError, InvalidOptionError, UnknownNameError
 from cbo.extras import require
 from cbo.model.loading import silenced
 
@@ -41,6 +41,25 @@ def uses_local_tasks(names: Sequence[str]) -> bool:
     return any(n in LOCAL_TASKS or n == LOCAL_TAG for n in names)
 
 
+def check_eval_options(limit: Any, num_fewshot: Any, batch_size: Any = 1) -> int | float | None:
+    """InvalidOptionError before any model work for a bad ``limit`` (a whole number of items >= 1 or a fraction in
+    (0, 1); never NaN or inf), ``num_fewshot`` (an integer >= 0 or None) or ``batch_size``; returns ``limit`` as
+    lm-eval takes it (an int for a count)."""
+    from cbo.checks import check_float, check_int
+
+    check_int("num_fewshot (--num-fewshot, examples per prompt)", num_fewshot, lo=0, none_ok=True)
+    check_int("batch_size (--batch-size)", batch_size, lo=1)
+    rule = "a whole number of items or a fraction in (0, 1)"
+    value = check_float("limit (--limit)", limit, lo=0, lo_open=True, none_ok=True, hint=f"Give {rule}.")
+    if value is None:
+        return None
+    if value >= 1:
+        if value != int(value):
+            raise InvalidOptionError(f"limit (--limit) must be {rule}, got {limit!r}.")
+        return int(value)
+    return value
+
+
 def task_manager(names: Sequence[str], include_path: str | Path | None = None) -> Any:
     """An lm-eval ``TaskManager`` that knows the local tasks (written from the default text first if missing) and
     ``include_path``.
@@ -55,6 +74,10 @@ def task_manager(names: Sequence[str], include_path: str | Path | None = None) -
     require("lm_eval", "downstream evaluation")
     from lm_eval.tasks import TaskManager
 
+    if include_path is not None and not Path(include_path).expanduser().is_dir():
+        raise DataError(
+            f"--include-path {str(include_path)!r} is not a folder; give the folder that holds the task YAML files."
+        )
     paths = [str(installed_local_tasks() or ensure_local_tasks())] if uses_local_tasks(names) else []
     if include_path is not None:
         paths.append(str(Path(include_path).expanduser()))
@@ -197,6 +220,7 @@ def evaluate_tasks(
     """
     lm_eval = require("lm_eval", "downstream evaluation")
     require("datasets", "downstream evaluation")
+    limit = check_eval_options(limit, num_fewshot, batch_size)
     names = parse_tasks(tasks)
     manager = manager if manager is not None else task_manager(names, include_path)
     lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=max_length)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cbo.files import atomic_write_bytes
+from cbo.files import READ_ERRORS, atomic_write_bytes
 
 _FORMAT = "cbo.hessian-checkpoint"
 
@@ -34,6 +34,13 @@ class Checkpoint:
         self.dir = ensure_writable_dir(directory, "checkpoint")
         self.key = key
         self.path = self.dir / f"hessian-{key[:24]}.ckpt.npz"
+        if self.path.exists() and not self.path.is_file():
+            from cbo.model.loading import CacheDirError
+
+            raise CacheDirError(
+                f"{str(self.path)!r} is a folder (or another non-file), so this run's checkpoint could not be "
+                "written there. Move or delete it, or run without the cache (--no-cache; checkpoint=None in Python)."
+            )
 
     def save(self, state: dict[str, np.ndarray], next_batch: int, info: dict[str, Any]) -> None:
         header = {"format": _FORMAT, "key": self.key, "next_batch": int(next_batch), "info": info}
@@ -50,10 +57,10 @@ class Checkpoint:
             with np.load(self.path, allow_pickle=False) as z:
                 header = json.loads(bytes(z["__header__"]).decode())
                 state = {k[len("state__") :]: z[k].copy() for k in z.files if k.startswith("state__")}
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        except READ_ERRORS as exc:  # truncated or flipped after a Ctrl-C: a bad zip, deflate stream or header
             warnings.warn(f"ignoring unreadable checkpoint {str(self.path)!r} ({exc}); starting over.", stacklevel=3)
             return None
-        if header.get("format") != _FORMAT or header.get("key") != self.key:
+        if not isinstance(header, dict) or header.get("format") != _FORMAT or header.get("key") != self.key:
             warnings.warn(f"checkpoint {str(self.path)!r} belongs to another run; starting over.", stacklevel=3)
             return None
         return state, int(header["next_batch"])

@@ -155,6 +155,7 @@ def estimate_hessian(
     cache_path = None
     if cache_dir is not None:
         cache_path = ensure_writable_dir(cache_dir, "cache") / f"hessian-{cls.name}-{loss}-{key[:24]}.cboq"
+        check_cache_file(cache_path)
         cached = cached_qubo(cache_path, identity, key)
         if cached is not None:
             return cached
@@ -237,6 +238,18 @@ def estimate_hessian(
     if ckpt is not None:
         ckpt.delete()
     return qubo
+
+
+def check_cache_file(path: Path) -> None:
+    """CacheDirError before any work when something other than a file (a folder) sits at a cache file's path: the
+    finished result could not be saved there."""
+    from cbo.model.loading import CacheDirError
+
+    if path.exists() and not path.is_file():
+        raise CacheDirError(
+            f"{str(path)!r} is a folder (or another non-file), so the Hessian computed for this run could not be "
+            "cached there. Move or delete it, or run without the cache (--no-cache; cache_dir=None in Python)."
+        )
 
 
 def cached_qubo(path: Path, identity: dict[str, Any], key: str) -> BlockQUBO | None:

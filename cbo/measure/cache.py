@@ -64,12 +64,14 @@ class BatchCache:
     def _read(self) -> dict[tuple[int, ...], dict[str, torch.Tensor]]:
         if not self.path.exists():
             return {}
+        from cbo.files import READ_ERRORS
+
         try:
             with np.load(self.path, allow_pickle=False) as z:
                 sets = json.loads(bytes(z["sets"]).decode())
                 arrays = {m: z[m] for m in METRICS if m in z.files}
                 stored_key = bytes(z["key"]).decode() if "key" in z.files else None
-        except (OSError, ValueError, KeyError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except READ_ERRORS as exc:  # truncated or flipped bytes: a bad zip, a bad deflate stream, a bad header
             return self._ignore(f"it is not readable ({exc})")
         if "kl" not in arrays or "ce" not in arrays:
             return self._ignore("it holds no KL and cross-entropy values")

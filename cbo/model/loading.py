@@ -101,7 +101,8 @@ def writable_dir(path: str | os.PathLike, what: str = "cache") -> Path:
     except OSError as exc:
         raise CacheDirError(
             f"the {what} directory {str(path)!r} is not writable ({exc.strerror or exc}). "
-            "Point CBO_HOME at a writable folder, e.g. `export CBO_HOME=$HOME/.cache/cbo`."
+            "Point CBO_HOME at a writable folder, e.g. `export CBO_HOME=$HOME/.cache/cbo`, or run without the "
+            "cache (--no-cache; cache_dir=None in Python)."
         ) from exc
     return path
 

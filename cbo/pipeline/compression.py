@@ -24,12 +24,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from cbo.checks import check_choice, check_float
 from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.extras import require
 from cbo.jsonable import jsonable
-from cbo.pipeline.inputs import model_and_tokenizer, token_splits
+from cbo.pipeline.inputs import check_run_options, model_and_tokenizer, token_splits
 from cbo.pipeline.proposers import depth_proposer
 from cbo.pipeline.reports import Report
+from cbo.width.allocate import check_ratio
 from cbo.width.mop import check_mop_options, mixture_of_pruners
 from cbo.width.prune import DEFAULT_SCORE, check_width_options, width_prune
 
@@ -259,12 +261,13 @@ def compress(
 
     if scheduler not in SCHEDULERS:
         raise InvalidOptionError(f"unknown scheduler {scheduler!r}; use one of {list(SCHEDULERS)}")
-    if not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) < 1.0):
-        raise InfeasibleError(f"ratio must be in (0, 1) (fraction of parameters to remove), got {ratio!r}")
-    if ratio_of not in RATIO_OF:
-        raise InvalidOptionError(f"unknown ratio_of {ratio_of!r}; use one of {list(RATIO_OF)}")
-    if not 0.0 <= depth_share <= 1.0:
-        raise InfeasibleError(f"depth_share must be in [0, 1], got {depth_share}")
+    check_ratio(ratio)
+    check_choice("ratio_of", ratio_of, RATIO_OF)
+    check_float("depth_share", depth_share, 0, 1, error=InfeasibleError)
+    check_run_options(
+        seq_len=seq_len, n_calibration=n_calibration, n_validation=n_validation, batch_size=batch_size, seed=seed,
+        splits=splits,
+    )  # fmt: skip
     width = width or ("amp" if scheduler == "mop" else DEFAULT_SCORE)
     check_width_options(width, score_options, gqa, allocation)
     if scheduler == "mop":

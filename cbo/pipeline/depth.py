@@ -21,8 +21,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
-from cbo.pipeline.inputs import cache_dirs, model_and_tokenizer, token_splits
+from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo.block_qubo import BlockQUBO
 
@@ -64,15 +65,22 @@ def check_request(
         raise InfeasibleError(
             f"caps name block kinds {unknown} this model does not have; its kinds: {sorted(set(kinds))}."
         )
-    if budget_params is not None and (isinstance(budget_params, bool) or int(budget_params) < 1):
-        raise InfeasibleError(f"budget_params must be a positive number of parameters, got {budget_params!r}.")
+    check_int("budget_params (parameters to remove at most)", budget_params, lo=1, none_ok=True,
+              error=InfeasibleError)  # fmt: skip
+    # one rule, stated once: something of the model remains, and kept blocks stay
+    kept = len(set(keep or ()))
+    hi = min(n - 1, n - kept)
+    where = f"the model has {n} blocks" + (f", {kept} of them kept" if kept else "")
+    if hi < 1:
+        raise InfeasibleError(f"nothing can be removed: {where}. Keep fewer blocks (keep= / --keep).")
+    remove = check_int("remove (M)", remove, error=InfeasibleError)
+    if not 1 <= remove <= hi:
+        raise InfeasibleError(f"remove={remove} is out of range: {where}; use 1..{hi}.")
     shape = BlockQUBO(
         np.zeros((n, n)), kinds=kinds, sizes=[b.n_params for b in blocks], keep=keep, caps=dict(caps or {}),
         max_removed_params=budget_params,
     )  # fmt: skip
-    shape.check_remove(remove)
-    if not 1 <= int(remove) <= n - 1:
-        raise InfeasibleError(f"remove={remove} is out of range: the model has {n} blocks; use 1..{n - 1}.")
+    shape.check_remove(remove)  # caps and the parameter budget
     return int(remove)
 
 
@@ -165,6 +173,10 @@ def prune_depth(
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
             raise CBOError(f"{label} must be an integer >= {least}, got {v!r}.")
     refine = check_refine(refine, method, n_calibration if splits is None else len(splits.calibration))
+    dtype, device = check_run_options(
+        seq_len=seq_len, n_calibration=n_calibration, n_validation=n_validation, batch_size=batch_size, seed=seed,
+        dtype=dtype, device=device, splits=splits,
+    )  # fmt: skip
 
     t = time.perf_counter()
     model, tokenizer, model_label = model_and_tokenizer(

@@ -67,10 +67,10 @@ class Report(ABC):
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the JSON summary to ``path``."""
-        path = Path(path)
-        path.write_text(json.dumps(jsonable(self.to_json()), indent=1))
-        return path
+        """Write the JSON summary to ``path`` (atomically: a reader sees the old file or the new one)."""
+        from cbo.files import atomic_write_text
+
+        return atomic_write_text(Path(path), json.dumps(jsonable(self.to_json()), indent=1))
 
     @classmethod
     def load(cls, path: str | Path, *, with_model: bool = True, **model_kwargs: Any) -> Report:
@@ -99,14 +99,30 @@ class Report(ABC):
             )
         try:
             report = cls.from_json(data)
-        except (KeyError, TypeError, ValueError) as exc:
+            why = report.inconsistency()
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise CorruptFileError(f"the report in {str(file)!r} is incomplete or edited: {exc!r}") from exc
+        if why is not None:
+            raise CorruptFileError(f"the report in {str(file)!r} is edited or damaged: {why}.")
         if folder is not None and with_model and (folder / "config.json").is_file():
             from cbo.surgery.io import load_pruned, load_tokenizer
 
-            report.pruned_model = load_pruned(folder, **model_kwargs)
-            report.tokenizer = load_tokenizer(folder)
+            model = load_pruned(folder, **model_kwargs)
+            why = report.model_inconsistency(model)
+            if why is not None:
+                raise CorruptFileError(
+                    f"the report and the model in {str(folder)!r} disagree (one of them was edited): {why}."
+                )
+            report.pruned_model, report.tokenizer = model, load_tokenizer(folder)
         return report
+
+    def inconsistency(self) -> str | None:
+        """Why the report's fields disagree with each other (None when they agree); a loaded report is checked."""
+        return None
+
+    def model_inconsistency(self, model: Any) -> str | None:
+        """Why the report disagrees with the pruned model saved beside it (None when they agree)."""
+        return None
 
     def save_artifacts(self, directory: Path) -> list[Path]:
         """Write the report's own files beside the model (none by default); returns them."""
@@ -288,6 +304,50 @@ class DepthReport(Report):
             data_info=dict(data.get("data") or {}),
             options=dict(data.get("options") or {}),
         )
+
+    def inconsistency(self) -> str | None:
+        chosen = self.chosen_blocks
+        if len(set(chosen)) != len(chosen) or any(not 0 <= i < self.n_blocks for i in chosen):
+            return f"chosen.removed {chosen} repeats a block or leaves 0..{self.n_blocks - 1} (n_blocks)"
+        if len(self.chosen_names) != len(chosen):
+            return f"chosen.removed lists {len(chosen)} blocks but chosen.removed_names {len(self.chosen_names)}"
+        if self.qubo is not None:
+            if self.qubo.n != self.n_blocks:
+                return f"the QUBO has {self.qubo.n} blocks but n_blocks is {self.n_blocks}"
+            names = [self.qubo.names[i] for i in chosen]
+            if names != list(self.chosen_names):
+                return f"chosen.removed {chosen} are the blocks {names}, not chosen.removed_names {self.chosen_names}"
+        return None
+
+    def model_inconsistency(self, model: Any) -> str | None:
+        from cbo.surgery.depth import ORIGINAL_KEY, REMOVED_KEY, text_config, zeroed_sublayers
+
+        layers, halves = set(), set()  # layers and (layer, half) of the input model the chosen blocks remove
+        for name in self.chosen_names:
+            parts = str(name).split(".")
+            if len(parts) < 2 or not parts[1].isdigit():
+                return None  # block names of another kind of model: nothing to compare
+            if len(parts) == 2:
+                layers.add(int(parts[1]))
+            else:
+                halves.add((int(parts[1]), "attn" if parts[2] in ("attn", "attention") else "mlp"))
+        layers |= {i for i, _ in halves if (i, "attn") in halves and (i, "mlp") in halves}
+        halves = {(i, p) for i, p in halves if i not in layers}
+        config = text_config(model)
+        n_input = self.n_blocks if self.granularity == "layer" else self.n_blocks // 2
+        n = int(config.num_hidden_layers)
+        if n != n_input - len(layers):
+            return f"the report removes {len(layers)} of {n_input} layers, but the model has {n} layers"
+        removed = list(getattr(config, REMOVED_KEY, None) or [])
+        original = list(getattr(config, ORIGINAL_KEY, None) or range(n))
+        if n + len(removed) == n_input:  # the input model was not pruned before: its layer numbers are the original
+            zeroed = {(original[i], p) for i, p in zeroed_sublayers(model)}
+            if set(removed) != layers or zeroed != halves:
+                return (
+                    f"the report removes the layers {sorted(layers)} and halves {sorted(halves)}, the model's config "
+                    f"records the layers {sorted(removed)} and halves {sorted(zeroed)}"
+                )
+        return None
 
     def save_artifacts(self, directory: Path) -> list[Path]:
         """The QUBO beside the model (``qubo.cboq``)."""

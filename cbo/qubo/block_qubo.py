@@ -99,6 +99,8 @@ class BlockQUBO:
         H = 0.5 * H + 0.5 * H.T  # halves first: the sum of two large finite entries must not overflow
         if g is None:
             g = np.zeros(n)
+        if _holds_complex(g):
+            raise InvalidQUBOError("g holds complex numbers; a QUBO's entries must be real (pass g.real).")
         g = np.asarray(g, dtype=np.float64)
         if g.shape != (n,):
             raise InvalidQUBOError(f"g has shape {g.shape}; it must be ({n},) to match H of shape {H.shape}.")
@@ -519,7 +521,17 @@ def _block_list(blocks: Any, label: str) -> list[Any]:
     return items
 
 
+def _holds_complex(M: Any) -> bool:
+    """True for a nested list (or another sequence) with a complex entry (np.iscomplexobj sees only arrays)."""
+    try:
+        return np.asarray(M).dtype.kind == "c"
+    except (TypeError, ValueError):
+        return False
+
+
 def _as_float_matrix(M: Any, label: str) -> np.ndarray:
+    if np.iscomplexobj(M) or _holds_complex(M):
+        raise InvalidQUBOError(f"{label} holds complex numbers; a QUBO's entries must be real (pass {label}.real).")
     try:
         A = np.array(M, dtype=np.float64)
     except (TypeError, ValueError) as exc:

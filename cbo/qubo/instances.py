@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import check_choice, check_float, check_int, check_memory, check_seed
 from cbo.errors import InvalidQUBOError
 from cbo.qubo.block_qubo import BlockQUBO
 
@@ -42,10 +43,14 @@ def random_block_qubo(
         >>> q.n
         30
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise InvalidQUBOError(f"n must be an integer >= 1, got {n!r}.")
+    n = check_int("n", n, lo=1, error=InvalidQUBOError)
+    seed = check_seed("seed", seed, error=InvalidQUBOError)
+    r = check_int("rank (of the coupling)", max(2, n // 8) if rank is None else rank, lo=1, hi=max(n, 2),
+                  error=InvalidQUBOError)  # fmt: skip
+    check_float("coupling", coupling, lo=0, error=InvalidQUBOError)
+    check_float("noise", noise, lo=0, error=InvalidQUBOError)
+    check_dense(n, r)
     rng = np.random.default_rng([int(n), int(seed)])
-    r = max(2, n // 8) if rank is None else int(rank)
     d = rng.lognormal(mean=0.0, sigma=1.0, size=n)
     med = float(np.median(d))
     U = rng.normal(size=(n, r))
@@ -59,6 +64,17 @@ def random_block_qubo(
     names = [f"layers.{i}" for i in range(n)]
     params = {"rank": r, "coupling": coupling, "noise": noise, "heavy_ends": heavy_ends}
     return _synthetic(H, names, kinds, "random_block_qubo", seed, params)
+
+
+DENSE_COPIES = 8  # n x n float64 matrices alive at once while an instance is drawn and checked
+
+
+def check_dense(n: int, rank: int = 0) -> None:
+    """InvalidQUBOError before drawing an ``n``-block instance that cannot fit in this machine's memory."""
+    check_memory(
+        f"a synthetic instance of n={n} blocks", DENSE_COPIES * 8 * n * n + 8 * n * rank, error=InvalidQUBOError,
+        hint="Use a smaller n.",
+    )  # fmt: skip
 
 
 def _synthetic(H: np.ndarray, names: list[str], kinds: Any, generator: str, seed: int, params: dict) -> BlockQUBO:
@@ -130,21 +146,16 @@ def fisher_block_qubo(
         >>> q.n, int(np.linalg.matrix_rank(q.H))
         (80, 32)
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
-        raise InvalidQUBOError(f"n must be an integer >= 2, got {n!r}.")
-    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
-        raise InvalidQUBOError(f"samples must be an integer >= 1, got {samples!r}.")
-    if granularity not in ("layer", "sublayer"):
-        raise InvalidQUBOError(f"granularity must be 'layer' or 'sublayer', got {granularity!r}.")
+    n = check_int("n", n, lo=2, error=InvalidQUBOError)
+    samples = check_int("samples", samples, lo=1, error=InvalidQUBOError)
+    check_choice("granularity", granularity, ("layer", "sublayer"), error=InvalidQUBOError)
     if granularity == "sublayer" and n % 2:
         raise InvalidQUBOError(f"n={n} must be even at sublayer granularity (attention and MLP halves alternate).")
     for name, value in (("spread", spread), ("coupling", coupling), ("sequence_spread", sequence_spread)):
-        if not (np.isfinite(value) and value >= 0):
-            raise InvalidQUBOError(f"{name} must be a finite number >= 0, got {value!r}.")
-    if not (np.isfinite(mean_diagonal) and mean_diagonal > 0):
-        raise InvalidQUBOError(f"mean_diagonal must be > 0, got {mean_diagonal!r}.")
-    if not (np.isfinite(attention_ratio) and attention_ratio > 0):
-        raise InvalidQUBOError(f"attention_ratio must be > 0, got {attention_ratio!r}.")
+        check_float(name, value, lo=0, error=InvalidQUBOError)
+    check_float("mean_diagonal", mean_diagonal, lo=0, lo_open=True, error=InvalidQUBOError)
+    check_float("attention_ratio", attention_ratio, lo=0, lo_open=True, error=InvalidQUBOError)
+    check_dense(n, samples)
     sub = granularity == "sublayer"
     rng = np.random.default_rng([int(n), int(seed), int(samples), 1 + sub])
     n = int(n)

@@ -223,9 +223,13 @@ class RankedStates:
     def from_json(cls, data: Mapping[str, Any]) -> RankedStates:
         if data.get("format") != STATES_FORMAT:
             raise CorruptFileError(f"not a RankedStates JSON (format={data.get('format')!r}).")
-        n = len(data["names"])
-        X = np.zeros((len(data["removed"]), n), dtype=np.uint8)
-        for r, rem in enumerate(data["removed"]):
+        n, remove, removed = len(data["names"]), data["remove"], data["removed"]
+        energies = np.asarray(data["energies"], dtype=np.float64).reshape(-1)
+        why = edited_states_reason(n, remove, removed, energies)
+        if why is not None:
+            raise CorruptFileError(f"these ranked states were edited or are damaged: {why}.")
+        X = np.zeros((len(removed), n), dtype=np.uint8)
+        for r, rem in enumerate(removed):
             X[r, rem] = 1
         return cls(
             X,
@@ -240,14 +244,48 @@ class RankedStates:
         )
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_json(), indent=1))
-        return path
+        """Write the JSON to ``path`` (atomically: a reader sees the old file or the new one)."""
+        from cbo.files import atomic_write_text
+
+        return atomic_write_text(Path(path), json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> RankedStates:
+        """The states saved at ``path``; CorruptFileError naming the file and the field when it is not readable or
+        was edited (energies not finite or not increasing, states repeated, counts other than M, bad indices)."""
         try:
             data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CorruptFileError(f"cannot read ranked states from {str(path)!r}: {exc}") from exc
-        return cls.from_json(data)
+        if not isinstance(data, dict):
+            raise CorruptFileError(f"{str(path)!r} holds a JSON {type(data).__name__}, not ranked states.")
+        try:
+            return cls.from_json(data)
+        except CorruptFileError as exc:
+            raise CorruptFileError(f"{str(path)!r}: {exc}") from exc
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CorruptFileError(f"{str(path)!r} is incomplete or edited ranked states: {exc!r}") from exc
+
+
+def edited_states_reason(n: int, remove: Any, removed: Any, energies: np.ndarray) -> str | None:
+    """Why saved ranked states cannot be a solver's output (None when they can)."""
+    if isinstance(remove, bool) or not isinstance(remove, int) or not 0 <= remove <= n:
+        return f"remove={remove!r} is not a block count in 0..{n}"
+    if not isinstance(removed, list) or len(removed) != len(energies):
+        return f"'removed' must list one state per energy ({len(energies)})"
+    seen = set()
+    for r, rem in enumerate(removed):
+        ok = isinstance(rem, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in rem)
+        if not ok or any(not 0 <= i < n for i in rem):
+            return f"state {r} ({str(rem)[:60]}) holds block indices outside 0..{n - 1}"
+        if len(set(rem)) != remove:
+            return f"state {r} removes {len(set(rem))} distinct blocks {rem}, not remove={remove}"
+        if frozenset(rem) in seen:
+            return f"state {r} {sorted(rem)} repeats an earlier state"
+        seen.add(frozenset(rem))
+    if not np.isfinite(energies).all():
+        return f"energies {energies[~np.isfinite(energies)][:3].tolist()} are not finite"
+    if (np.diff(energies) < 0).any():
+        r = int(np.argmax(np.diff(energies) < 0))
+        return f"energies are not in increasing order (state {r + 1}: {energies[r + 1]:.6g} < {energies[r]:.6g})"
+    return None

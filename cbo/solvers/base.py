@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from cbo.checks import check_float, check_int, check_seed
 from cbo.errors import (
     InvalidQUBOError,
     SolverError,
@@ -271,14 +272,14 @@ def solve(
         keep / force: replace the QUBO's keep/force lists for this call (a block index or name, or a list
             of them).
         progress: show a progress bar on long runs.
-
-    Ctrl-C (SIGINT) while a solver runs in the main thread makes it stop and return its best states so
-    far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
-    Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
         **options: solver settings (each solver's ``Options`` dataclass lists them). The exact
             enumerator takes ``strategy="lexicographic"`` or ``"relaxation"`` (default: chosen from the
             problem), and (as ``auto``, which passes them on) ``backend="ray"`` (enumeration sharded over
             Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
+
+    Ctrl-C (SIGINT) while a solver runs in the main thread makes it stop and return its best states so
+    far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
+    Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
 
     Example:
         >>> import numpy as np, cbo
@@ -296,12 +297,12 @@ def solve(
             changes["force"] = block_list(force, "force")
         qubo = qubo.with_constraints(**changes)
     qubo.check_remove(remove)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise SolverError(f"k must be an integer >= 1, got {k!r}.")
-    if time_limit is not None and not (time_limit > 0):
-        raise SolverError(f"time_limit must be > 0 seconds or None, got {time_limit!r}.")
+    k = check_int("k", k, lo=1, error=SolverOptionError)
+    time_limit = check_float("time_limit (seconds)", time_limit, lo=0, lo_open=True, finite=False, none_ok=True,
+                             error=SolverOptionError)  # fmt: skip
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**31))
+    seed = check_seed("seed", seed, error=SolverOptionError)
     if _is_dimod_sampler(solver):
         options = {"sampler": solver, **options}
         solver = "dimod"
@@ -347,7 +348,28 @@ def solve(
             + (f" ({out.info['hint']})" if "hint" in out.info else "")
             + "."
         )
+    note_fewer_states(result, qubo, int(remove), k, cls.name)
     return result
+
+
+def note_fewer_states(result: RankedStates, qubo: BlockQUBO, remove: int, k: int, name: str) -> None:
+    """``info["fewer_states"]``: why fewer than the ``k`` states asked for came back, where more exist."""
+    import math
+
+    c = qubo.constraints
+    exist = math.comb(qubo.n - len(c.keep) - len(c.force), remove - len(c.force))
+    if len(result) >= min(k, exist):
+        return
+    if result.exact:
+        why = "the constraints admit no more"  # an exact solver lists every feasible state up to k
+    elif c.caps or c.max_removed_params is not None or c.min_removed_params is not None:
+        why = "its samples found no more; the caps or the parameter budget may admit no more"
+    else:
+        why = "its samples converged on fewer distinct states"
+    result.info["fewer_states"] = (
+        f"{name} returned {len(result)} distinct feasible states of the {k} asked for ({why}); ask it for more "
+        "samples (-o num_reads=...) or use a solver that lists k states (enumerate, swap-sa)."
+    )
 
 
 def block_list(blocks: Any, label: str) -> list[Any]:

@@ -266,6 +266,35 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
+def check_records_file(path: str | os.PathLike) -> None:
+    """OutputPathError unless ``path`` is missing, empty, or a sweep file (JSON records, perhaps with a torn last
+    line): records are appended to it, so a user's own file must not be taken for one."""
+    from cbo.errors import OutputPathError
+
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OutputPathError(f"cannot read the sweep file {str(path)!r} ({exc}); choose another --out.") from exc
+
+    def is_record(line: str) -> bool:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            return False
+        return isinstance(rec, dict) and "key" in rec
+
+    bad = [i for i, line in enumerate(lines) if not is_record(line)]
+    torn = bad == [len(lines) - 1] and lines[-1].lstrip().startswith("{")  # a record cut by a crash
+    if bad and not torn:
+        raise OutputPathError(
+            f"{str(path)!r} is not a sweep file (line {bad[0] + 1} is not a record `cbo sweep` wrote), and a sweep "
+            "appends to its --out file; choose another --out (e.g. sweep.jsonl)."
+        )
+
+
 def _append(path: Path, record: dict[str, Any]) -> None:
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
@@ -434,6 +463,7 @@ def run_sweep(
     if backend not in ("local", "ray"):
         raise CBOError(f"unknown sweep backend {backend!r}; valid: 'local', 'ray'.")
     out = Path(out)
+    check_records_file(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done: dict[str, dict[str, Any]] = {}
     for rec in read_records(out):

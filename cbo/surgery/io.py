@@ -30,13 +30,14 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from cbo.errors import CorruptFileError, ModelError
 from cbo.extras import require
 from cbo.files import PRUNED_FORMAT_KEY
-from cbo.surgery.depth import ZEROED_KEY, restore_zeroed_sublayers, text_config_of
+from cbo.surgery.depth import ORIGINAL_KEY, REMOVED_KEY, ZEROED_KEY, restore_zeroed_sublayers, text_config_of
 
 WIDTHS_KEY = "cbo_layer_widths"
 FORMAT_KEY = PRUNED_FORMAT_KEY
@@ -413,6 +414,7 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
         config = transformers.AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise CorruptFileError(f"cannot read the config in {str(path)!r}: {exc}") from exc
+    check_recorded_layout(config, path)
     widths = recorded_widths(config)
     reshaped = bool(widths) and not _uniform_with_config(widths, config)
     cls = pruned_model_class(_causal_lm_class(config)) if reshaped else transformers.AutoModelForCausalLM
@@ -422,14 +424,88 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     if zeroed:  # from_pretrained rebuilds the removed halves and warns that their weights are missing
         logging.set_verbosity_error()
     try:
-        model = cls.from_pretrained(path, config=config, **kwargs)
+        model, info = cls.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
     except (ModelError, RuntimeError) as exc:
         raise CorruptFileError(f"the weights in {str(path)!r} do not match its recorded layer widths: {exc}") from exc
     finally:
         logging.set_verbosity(level)
+    check_loaded_weights(info, zeroed or [], path)
     if not reshaped:
         restore_zeroed_sublayers(model)
     return model.eval()
+
+
+def _index_list(value: Any, field: str, where: str) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise CorruptFileError(f"{where}: {field} must be a list of layer indices, not {str(value)[:80]}.")
+    if len(set(value)) != len(value) or any(i < 0 for i in value):
+        raise CorruptFileError(f"{where}: {field} {list(value)} repeats an index or holds a negative one.")
+    return list(value)
+
+
+def check_recorded_layout(config: Any, path: str | os.PathLike) -> None:
+    """CorruptFileError, naming the field, unless what a pruned folder's config records about surgery agrees with
+    itself: the original index of each current layer (one per layer, increasing), the removed layers (disjoint from
+    them, together every layer of the original model once), the zeroed halves and the per-layer widths (current
+    layers only). A hand-edited config would otherwise load and report a wrong removed set."""
+    c = text_config_of(config)
+    where = f"the config in {str(path)!r} was edited or is damaged"
+    n = getattr(c, "num_hidden_layers", None)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise CorruptFileError(f"{where}: num_hidden_layers is {n!r}, not a layer count.")
+    original = getattr(c, ORIGINAL_KEY, None)
+    removed = getattr(c, REMOVED_KEY, None)
+    if original is not None:
+        original = _index_list(original, ORIGINAL_KEY, where)
+        if len(original) != n:
+            raise CorruptFileError(
+                f"{where}: {ORIGINAL_KEY} lists {len(original)} layers but num_hidden_layers is {n}."
+            )
+        if original != sorted(original):
+            raise CorruptFileError(f"{where}: {ORIGINAL_KEY} {original} is not increasing.")
+    if removed is not None:
+        removed = _index_list(removed, REMOVED_KEY, where)
+        kept = original if original is not None else list(range(n))
+        if set(removed) & set(kept):
+            raise CorruptFileError(
+                f"{where}: {REMOVED_KEY} {removed} names layers that are kept ({sorted(set(removed) & set(kept))})."
+            )
+        if original is not None and sorted(kept + removed) != list(range(len(kept) + len(removed))):
+            raise CorruptFileError(
+                f"{where}: {ORIGINAL_KEY} {kept} and {REMOVED_KEY} {removed} together are not the layers "
+                f"0..{len(kept) + len(removed) - 1} of the original model, each once."
+            )
+    zeroed = getattr(config, ZEROED_KEY, None) or getattr(c, ZEROED_KEY, None) or []
+    for entry in zeroed:
+        ok = isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], int)
+        if not ok or not 0 <= entry[0] < n or entry[1] not in ("attn", "mlp"):
+            raise CorruptFileError(
+                f"{where}: {ZEROED_KEY} entry {str(entry)[:60]} is not [layer in 0..{n - 1}, 'attn' | 'mlp']."
+            )
+    widths = recorded_widths(config)
+    if widths and len(widths) != n:
+        raise CorruptFileError(f"{where}: {WIDTHS_KEY} lists {len(widths)} layers but num_hidden_layers is {n}.")
+
+
+def check_loaded_weights(info: dict[str, Any], zeroed: list[Any], path: str | os.PathLike) -> None:
+    """CorruptFileError when the weights file and the config disagree (weights the config has no place for, or
+    places the weights do not fill, other than in zeroed halves): an edited layer count loads otherwise
+    with freshly initialised layers."""
+    zeroed_layers = {int(entry[0]) for entry in zeroed}
+
+    def layer_of(key: str) -> int | None:  # the first number in a weight's path is its decoder layer
+        match = re.search(r"\.(\d+)\.", key)
+        return int(match.group(1)) if match else None
+
+    def other(keys: Any) -> list[str]:  # a zeroed half's inputs are missing and its zero output may be unused
+        return sorted(k for k in keys or [] if layer_of(k) not in zeroed_layers)
+
+    missing, unexpected = other(info.get("missing_keys")), other(info.get("unexpected_keys"))
+    if missing or unexpected:
+        raise CorruptFileError(
+            f"the weights in {str(path)!r} do not fit its config.json (edited, e.g. num_hidden_layers): "
+            f"{len(missing)} weights missing (e.g. {missing[:2]}), {len(unexpected)} not used (e.g. {unexpected[:2]})."
+        )
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:

@@ -97,9 +97,12 @@ class Allocation:
         )
 
 
-def _check_ratio(ratio: float) -> None:
-    if not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) < 1.0):
-        raise InfeasibleError(f"ratio must be in (0, 1) (fraction of parameters to remove), got {ratio!r}")
+def check_ratio(ratio: float) -> float:
+    """The fraction of parameters to remove: a number in (0, 1) (InfeasibleError otherwise)."""
+    from cbo.checks import check_float
+
+    return check_float("ratio", ratio, 0, 1, lo_open=True, hi_open=True, error=InfeasibleError,
+                       hint="It is the fraction of parameters to remove.")  # fmt: skip
 
 
 def _chunks(scores: UnitScores, key: Key, *, round_to: int, min_units: int, max_fraction: float | None) -> list[_Chunk]:
@@ -233,7 +236,7 @@ def allocate(
     if (ratio is None) == (remove_params is None):
         raise InfeasibleError("give exactly one of ratio= or remove_params=")
     if ratio is not None:
-        _check_ratio(ratio)
+        check_ratio(ratio)
         target = int(round(float(ratio) * total))
     else:
         target = int(remove_params)

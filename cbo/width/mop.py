@@ -37,6 +37,7 @@ from cbo.extras import require
 from cbo.model.blocks import decoder_layers, find_blocks
 from cbo.recovery.finetune import RECOVERY, recover
 from cbo.surgery.depth import ORIGINAL_KEY, remove_blocks, text_config
+from cbo.width.allocate import check_ratio
 from cbo.width.prune import check_width_options, width_prune
 
 torch = require("torch", "the MoP scheduler")
@@ -235,8 +236,7 @@ def mixture_of_pruners(
         raise InvalidOptionError(
             f"depth_proposer must be a callable (model, calibration) -> layer or None, or None; got {depth_proposer!r}"
         )
-    if not (isinstance(ratio, (int, float)) and 0.0 < float(ratio) < 1.0):
-        raise InfeasibleError(f"ratio must be in (0, 1) (fraction of parameters to remove), got {ratio!r}")
+    check_ratio(ratio)
     for name, w in (("calibration", calibration), ("control", control)):
         if not hasattr(w, "ndim") or w.ndim != 2 or w.shape[0] == 0:
             raise DataError(f"{name} must be (B, T) token windows, got {w!r}")

@@ -140,4 +140,30 @@ def test_cli_eval_quiet(tiny_lm, local_tasks_home, tmp_path):
     saved = json.loads(out_json.read_text())
     assert saved["tasks"] == [CLOZE, CHOICE] and saved["results"][CLOZE]["n"] == 3
     bad = CliRunner().invoke(app, ["eval", str(tmp_path / "tiny"), "--tasks", "austen_cloze", "--limit", "1.5"])
-    assert bad.exit_code == 1 and "--limit 1.5" in bad.output
+    assert bad.exit_code == 1 and "limit (--limit) must be a whole number" in bad.output and "1.5" in bad.output
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--limit", "nan"], "limit (--limit) must be a finite number > 0 or None, got nan"),
+        (["--limit", "inf"], "limit (--limit) must be a finite number > 0 or None, got inf"),
+        (["--num-fewshot", "-1"], "num_fewshot (--num-fewshot, examples per prompt) must be an integer >= 0"),
+        (["--include-path", "MISSING-FOLDER"], "--include-path 'MISSING-FOLDER' is not a folder"),
+    ],
+)
+def test_bad_eval_options_are_refused_before_the_model(args, words, monkeypatch):
+    """Issue 27: `--limit nan` / `inf` crashed inside lm-eval, `--num-fewshot -1` was accepted and a missing
+    `--include-path` ignored; each is refused, naming the option, before the model loads."""
+    from typer.testing import CliRunner
+
+    import cbo.model.loading
+    from cbo.cli import app, register_commands
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(cbo.model.loading, "load_model", no_model)
+    register_commands()
+    res = CliRunner().invoke(app, ["eval", "unused-model", "--tasks", "austen_cloze", *args])
+    assert res.exit_code == 1 and words in " ".join(res.output.split()), res.output

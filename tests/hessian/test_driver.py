@@ -66,6 +66,27 @@ def test_a_checkpoint_of_another_run_is_ignored(tiny_model, tiny_windows, tmp_pa
         assert ck.load() is None
 
 
+def test_a_damaged_checkpoint_is_ignored_and_the_estimate_starts_over(tiny_model, tiny_windows, tmp_path):
+    """A checkpoint truncated or with bytes flipped (a Ctrl-C, a full disk): a warning naming it, then the estimate
+    starts over and equals an uninterrupted one (issue 27: it raised zipfile.BadZipFile)."""
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=10)
+    kw = dict(estimator="fisher", loss="kl", batch_size=2, progress=False)
+    whole = estimate_hessian(model, None, windows, **kw)
+    with pytest.raises(Interrupt):
+        estimate_hessian(model, None, windows, callback=_stop_after(0), checkpoint=tmp_path, **kw)
+    (path,) = tmp_path.glob("*.ckpt.npz")
+    good = path.read_bytes()
+    flipped = bytearray(good)
+    flipped[40:200] = bytes(reversed(flipped[40:200]))
+    for damaged in (good[: len(good) // 2], bytes(flipped), good[:30]):
+        path.write_bytes(damaged)
+        with pytest.warns(UserWarning, match=f"ignoring unreadable checkpoint '{path}'"):
+            q = estimate_hessian(model, None, windows, checkpoint=tmp_path, **kw)
+        assert q.metadata["resumed_from_batch"] == 0
+        np.testing.assert_allclose(q.H, whole.H, rtol=1e-6)
+
+
 def test_cache_returns_the_stored_qubo_and_keys_on_model_data_and_options(tiny_model, tiny_windows, tmp_path):
     model = tiny_model("llama", n_layers=3)
     windows = tiny_windows(model, n=4, seq_len=10)
@@ -97,6 +118,30 @@ def test_cache_dir_that_is_not_writable_is_a_clear_error(tiny_model, tiny_window
     assert str(blocker) in str(info.value)
     with pytest.raises(CBOError, match="checkpoint directory .* not writable"):
         estimate_hessian(model, None, windows, checkpoint=blocker, progress=False)
+    assert "--no-cache" in str(info.value)  # the way out for a read-only CBO_HOME (issue 27)
+
+
+def test_a_folder_at_the_cache_path_is_refused_before_the_work(tiny_model, tiny_windows, tmp_path):
+    """A folder where the cached Hessian (or its checkpoint) goes: CacheDirError naming it and what to move, before
+    any batch is computed (issue 27: it warned "recomputing it", computed, then died with IsADirectoryError)."""
+    model = tiny_model("llama", n_layers=2)
+    windows = tiny_windows(model, n=2, seq_len=8)
+    kw = dict(estimator="fisher", loss="kl", batch_size=2, progress=False)
+    estimate_hessian(model, None, windows, cache_dir=tmp_path / "cache", **kw)
+    (path,) = (tmp_path / "cache").glob("*.cboq")
+    path.unlink()
+    path.mkdir()
+
+    def no_work(b, state):
+        raise AssertionError("the work started although the cache path is a folder")
+
+    with pytest.raises(CBOError, match=f"'{path}' is a folder.*Move or delete it.*--no-cache"):
+        estimate_hessian(model, None, windows, cache_dir=tmp_path / "cache", callback=no_work, **kw)
+    path.rmdir()
+    ckpt = Checkpoint(tmp_path / "ckpt", "y" * 64).path
+    ckpt.mkdir()
+    with pytest.raises(CBOError, match=f"'{ckpt}' is a folder.*Move or delete it"):
+        Checkpoint(tmp_path / "ckpt", "y" * 64)
 
 
 @pytest.mark.parametrize("estimator", ["fisher", "exact", "pairwise"])

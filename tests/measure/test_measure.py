@@ -298,7 +298,16 @@ def test_a_poisoned_measurement_file_is_not_used(tiny_model, tiny_windows, tmp_p
         np.savez(buf, sets=raw, kl=np.full(shape, 0.5, np.float32), ce=np.full(shape, 3.0, np.float32))
         return buf.getvalue()
 
-    poisons = {"records the key": path.read_bytes(), "shape": legacy([[1]], (1, 5)), "outside": legacy([[9]], (1, 2))}
+    good = path.read_bytes()
+    flipped = bytearray(good)
+    flipped[len(good) // 2 : len(good) // 2 + 64] = bytes(64)  # zeroed bytes inside a compressed member
+    poisons = {
+        "records the key": good,
+        "shape": legacy([[1]], (1, 5)),
+        "outside": legacy([[9]], (1, 2)),
+        "not readable": good[: len(good) // 2],  # truncated: a bad zip file (issue 27)
+        "not readable.*": bytes(flipped),
+    }
     for why, content in poisons.items():
         path.write_bytes(content)
         with pytest.warns(UserWarning, match=f"ignoring the measurement cache file '{path}': .*{why}"):

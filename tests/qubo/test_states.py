@@ -77,3 +77,33 @@ def test_no_feasible_candidates_gives_empty_result():
     assert len(rs) == 0
     with pytest.raises(Exception, match="no states"):
         _ = rs.ground
+
+
+def test_edited_states_files_are_refused_naming_the_field(tmp_path):
+    """Issue 27: a ranked-states file edited by hand loads as CorruptFileError naming the file and the field
+    (reversed or NaN energies, repeated states, counts other than M, indices out of range were accepted, and
+    index 99 raised a raw IndexError)."""
+    import json
+
+    from cbo.errors import CorruptFileError
+
+    q = random_block_qubo(6, seed=1)
+    path = make(q, np.array([[1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1]]), 2).save(tmp_path / "s.json")
+    good = json.loads(path.read_text())
+    assert RankedStates.load(path).to_json() == good
+    cases = {
+        "not in increasing order": {"energies": good["energies"][::-1]},
+        "not finite": {"energies": [float("nan"), *good["energies"][1:]]},
+        "removes 1 distinct blocks": {"removed": [[0, 0], *good["removed"][1:]]},
+        "removes 3 distinct blocks": {"removed": [[0, 1, 2], *good["removed"][1:]]},
+        "repeats an earlier state": {"removed": [good["removed"][0], good["removed"][0], good["removed"][2]]},
+        "outside 0..5": {"removed": [[0, 99], *good["removed"][1:]]},
+        "not a block count": {"remove": 9},
+    }
+    for why, change in cases.items():
+        path.write_text(json.dumps({**good, **change}))
+        with pytest.raises(CorruptFileError, match=f"'{path}'.*{why}"):
+            RankedStates.load(path)
+    path.write_text(json.dumps({k: v for k, v in good.items() if k != "solver"}))
+    with pytest.raises(CorruptFileError, match="incomplete or edited"):
+        RankedStates.load(path)

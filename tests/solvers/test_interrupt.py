@@ -26,6 +26,23 @@ from cbo.solvers.interrupt import stop_on_interrupt
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture
+def default_sigint():
+    """Python's default SIGINT handler for the test, whatever the runner inherited (nohup and background jobs
+    start with SIGINT ignored, and solve() then leaves it alone); the inherited disposition is restored after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def default_sigint_in_child() -> None:
+    """``preexec_fn``: the child starts with SIGINT at its default, so Python installs its handler (an ignored
+    SIGINT is inherited through exec and would make the child deaf to the signal the test sends)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _Interrupting(Solver):
     """A solver that gets Ctrl-C while it runs (``presses`` times) and returns one state unless told not to."""
 
@@ -48,7 +65,7 @@ class _Interrupting(Solver):
         return SolverOutput(problem.expand(Y), exact=False, info={"timed_out": True})
 
 
-def test_first_ctrl_c_sets_the_stop_event_and_the_result_is_marked():
+def test_first_ctrl_c_sets_the_stop_event_and_the_result_is_marked(default_sigint):
     solver = _Interrupting()
     res = solve(random_block_qubo(6, 0), 2, solver, k=3, time_limit=100.0)
     assert solver.saw_stop == [True] and solver.time_left == 0.0
@@ -56,7 +73,7 @@ def test_first_ctrl_c_sets_the_stop_event_and_the_result_is_marked():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
-def test_second_ctrl_c_raises_and_nothing_found_raises():
+def test_second_ctrl_c_raises_and_nothing_found_raises(default_sigint):
     twice = _Interrupting()
     twice.presses = 2
     with pytest.raises(KeyboardInterrupt):
@@ -68,7 +85,7 @@ def test_second_ctrl_c_raises_and_nothing_found_raises():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_handler_only_over_the_default_one():
+def test_handler_only_over_the_default_one(default_sigint):
     import threading
 
     event = threading.Event()
@@ -154,7 +171,12 @@ def interrupt_cli(args: list[str], ready: Path, wait: float) -> tuple[int, str, 
     env["CBO_TEST_READY"] = str(ready)
     before = children_cpu()
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", CHILD, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=default_sigint_in_child,
     )
     try:
         deadline = time.monotonic() + READY_WITHIN

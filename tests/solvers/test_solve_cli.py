@@ -170,3 +170,38 @@ def test_interrupted_json_run_still_prints_its_states(tmp_path, monkeypatch):
 
     data = json.loads(res.output[start : res.output.rindex("}") + 1])
     assert data["info"]["interrupted"] is True and all(len(r) == 10 for r in data["removed"])
+
+
+def test_fewer_states_than_asked_come_with_a_note(tmp_path):
+    """Issue 27: `cbo solve -k 5 -s tabu` returned 1 state with no note (its reads converge on one state). Every
+    solver returns k states or says why fewer came back; an exact solver on a small instance says the
+    constraints admit no more only when that is so."""
+    from cbo import solve
+    from cbo.solvers import available
+
+    if not available()["tabu"].ok:
+        import pytest
+
+        pytest.skip("tabu unavailable here")
+    q = random_block_qubo(12, 0)
+    states = solve(q, 3, "tabu", k=5, seed=0, num_reads=1)
+    assert len(states) == 5 or "of the 5 asked for" in states.info["fewer_states"]
+    path = tmp_path / "q.cboq"
+    q.save(path)
+    res = _invoke("solve", str(path), "--remove", "3", "-k", "5", "-s", "tabu", "-o", "num_reads=1")
+    assert res.exit_code == 0, res.output
+    assert len(_removed_sets(res.output)) == 5 or "of the 5 asked for" in " ".join(res.output.split())
+    assert "fewer_states" not in solve(q, 3, "enumerate", k=5).info  # all 5 exist and came back
+    small = solve(BlockQUBO(q.H[:4, :4]), 3, "enumerate", k=10)  # only 4 states exist: nothing to explain
+    assert len(small) == 4 and "fewer_states" not in small.info
+
+
+def test_the_solver_listing_says_which_solvers_are_python_only():
+    """Issue 27: `cbo solvers` listed dimod as usable, but `-s dimod` works only from Python."""
+    from cbo.solvers import available
+
+    res = _invoke("solvers", columns=300)
+    assert res.exit_code == 0, res.output
+    if available()["dimod"].ok:
+        line = next(line for line in res.output.splitlines() if "│ dimod" in line)
+        assert "Python only" in line and "cbo solve -s" in line

@@ -199,6 +199,30 @@ def test_cli_sweep_resumes(tmp_path):
     assert bad.exit_code == 2 and "integers" in bad.output
 
 
+def test_cli_sweep_failures_and_foreign_files(tmp_path):
+    """Issue 27: a sweep whose every cell fails exits 1 (it exited 0); names print as given (rich turned
+    "synthetic:abc:1" into an emoji); an --out file `cbo sweep` did not write is refused before any work (it
+    appended JSON lines to a user's prose file)."""
+    from typer.testing import CliRunner
+
+    import cbo.cli.sweep_cmds  # noqa: F401
+    from cbo.cli import app
+
+    out = tmp_path / "fail.jsonl"
+    res = CliRunner().invoke(app, ["sweep", "-i", "synthetic:8:0", "-s", "sa", "-m", "2", "--out", str(out),
+                                   "--no-reference", "-o", "sa:num_reads=0"], env={"COLUMNS": "300"})  # fmt: skip
+    assert res.exit_code == 1 and "every one of the 1 cells failed" in res.output, res.output
+    res = CliRunner().invoke(app, ["sweep", "-i", "synthetic:abc:1", "-s", "sa", "-m", "2", "--out", str(out)])
+    assert "synthetic:abc:1" in res.output and "\N{INPUT SYMBOL FOR LATIN LETTERS}" not in res.output, res.output
+    notes = tmp_path / "notes.txt"
+    notes.write_text("My notes about the sweep.\nSecond line.\n")
+    res = CliRunner().invoke(app, ["sweep", "-i", "synthetic:8:0", "-s", "sa", "-m", "2", "--out", str(notes)])
+    assert res.exit_code == 2 and "is not a sweep file" in " ".join(res.output.split()), res.output
+    assert notes.read_text() == "My notes about the sweep.\nSecond line.\n"
+    with pytest.raises(CBOError, match="is not a sweep file"):
+        run_sweep([], notes)
+
+
 @pytest.mark.slow
 def test_ray_sweep_matches_local_and_resumes(ray_local, tmp_path):
     cells = make_grid(INSTANCES, ["enumerate", "swap-sa"], removes=[4], seeds=[0, 1])

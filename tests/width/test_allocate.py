@@ -119,7 +119,7 @@ def test_bad_input():
     model = _model()
     s = score_units(model, None, "magnitude")
     for ratio in (0.0, 1.0, 1.5, -0.2):
-        with pytest.raises(InfeasibleError, match=r"ratio must be in \(0, 1\)"):
+        with pytest.raises(InfeasibleError, match=r"ratio must be a finite number in \(0, 1\)"):
             allocate(s, ratio=ratio)
     with pytest.raises(InfeasibleError, match="would leave a layer empty"):
         allocate(s, ratio=0.95)

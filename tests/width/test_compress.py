@@ -103,7 +103,7 @@ def test_a_report_file_must_be_a_compression_report(tmp_path):
 
 
 def test_compress_bad_input(model):
-    with pytest.raises(InfeasibleError, match=r"ratio must be in \(0, 1\)"):
+    with pytest.raises(InfeasibleError, match=r"ratio must be a finite number in \(0, 1\)"):
         compress(model, CharTokenizer(), TEXT, ratio=1.5)
     with pytest.raises(CBOError, match="unknown scheduler"):
         compress(model, CharTokenizer(), TEXT, scheduler="greedy")

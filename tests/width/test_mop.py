@@ -125,5 +125,5 @@ def test_bad_input(setup):
         mixture_of_pruners(model, calib, control, depth_proposer="antepenultimate")
     with pytest.raises(InvalidOptionError, match=r"returned 6; it must return a layer index in 0\.\.5"):
         mixture_of_pruners(model, calib, control, depth_proposer=lambda m, c: 6)
-    with pytest.raises(InfeasibleError, match=r"ratio must be in \(0, 1\)"):
+    with pytest.raises(InfeasibleError, match=r"ratio must be a finite number in \(0, 1\)"):
         mixture_of_pruners(model, calib, control, ratio=1.0)
