@@ -43,7 +43,7 @@ def prune_blocks(model: Any, blocks: Sequence[Any], removed: Iterable[int]) -> A
     from cbo.surgery.depth import remove_blocks, remove_sublayers
 
     removed = sorted(int(i) for i in removed)
-    if all(blocks[i].kind == "layer" for i in removed):
+    if all(blocks[i].part == "layer" for i in removed):
         return remove_blocks(model, [blocks[i].layer for i in removed])
     return remove_sublayers(model, [blocks[i] for i in removed])
 
