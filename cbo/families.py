@@ -98,12 +98,24 @@ def jamba_rewrite(config: Any, keep: list[int]) -> tuple[str, ...] | None:
     return ("attn_layer_period", "attn_layer_offset", "expert_layer_period", "expert_layer_offset")
 
 
+ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention")
+
+
 def can_delete_layers(config: Any, keep: list[int]) -> bool:
-    """Whether the family's config can describe the model with only the layers ``keep`` (old indices)."""
+    """Whether the family's config can describe a model that runs with only the layers ``keep`` (old indices).
+
+    Jamba's config states its layer pattern as periods only. And a hybrid stack must keep one attention layer:
+    transformers' hybrid caches and masks need one (``get_mask_sizes`` fails on a cache of linear-attention
+    layers only).
+    """
     spec = ARCHITECTURES.get(getattr(config, "model_type", "") or "")
-    if spec is not None and spec.rewrite is jamba_rewrite:
-        return jamba_pattern(config, keep) is not None
-    return True
+    if spec is None or not spec.hybrid:
+        return True
+    if spec.rewrite is jamba_rewrite and jamba_pattern(config, keep) is None:
+        return False
+    types = list(getattr(config, "layer_types", None) or [])
+    attention = [i for i, t in enumerate(types) if t in ATTENTION_TYPES]
+    return not attention or any(i in keep for i in attention)
 
 
 # ------------------------------------------------------------------------------------------------- the table
@@ -169,7 +181,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         "gpt_neox.layers", "attention", "mlp", None, None, ("input_layernorm",), ("post_attention_layernorm",)
     ),
     # hybrids
-    "nemotron_h": _hybrid("Nemotron-H", ("mixer",), (), (("norm",), ()), "`layers_block_type` (`M`/`*`/`-`/`E`)"),
+    # one mixer per layer; its norm stays when a layer is zeroed instead of deleted (the forward reads its dtype)
+    "nemotron_h": _hybrid("Nemotron-H", ("mixer",), (), ((), ()), "`layers_block_type` (`M`/`*`/`-`/`E`)"),
     "jamba": _hybrid(
         "Jamba",
         _MAMBA_ATTN,
@@ -239,7 +252,7 @@ def module_kind(module: Any, default: str) -> str:
 
 def combined_kind(kinds: Sequence[str]) -> str:
     """One kind for a block holding several: the distinct kinds in :data:`KINDS` order, joined by ``+``."""
-    distinct = set(kinds)
+    distinct = {part for kind in kinds for part in kind.split(JOIN) if part}
     return JOIN.join([k for k in KINDS if k in distinct] + sorted(distinct - set(KINDS)))
 
 

@@ -102,8 +102,9 @@ def _update_config(config: Any, n_old: int, keep: list[int], removed: list[int])
 
 
 def deletable_layers(config: Any, n_layers: int, removed: list[int]) -> list[int]:
-    """The layers of ``removed`` that can be deleted so that the family's config still describes the rest (all of
-    them but for Jamba, whose config states its layer pattern only as periods: greedily, in order)."""
+    """The layers of ``removed`` that can be deleted so that the family's config still describes a model that runs
+    (:func:`cbo.families.can_delete_layers`: all of them, but for Jamba's periodic patterns and a hybrid stack's
+    last attention layer), chosen greedily in order."""
     deleted: list[int] = []
     for i in removed:
         trial = set(deleted) | {i}
@@ -119,7 +120,8 @@ def remove_blocks(model: Any, blocks: Iterable[Any], *, inplace: bool = False) -
     ``num_hidden_layers`` and per-layer config lists (``layer_types`` and the like; a family's own fields through
     :data:`cbo.families.ARCHITECTURES`), and records the original indices of the removed layers in
     ``config.cbo_removed_layers``. A layer whose deletion the family's config cannot describe (Jamba states its
-    layer pattern as periods only) has both of its halves zeroed instead (:func:`remove_sublayers`).
+    layer pattern as periods only) or that is a hybrid stack's last attention layer (transformers' hybrid caches
+    need one) has both of its halves zeroed instead (:func:`remove_sublayers`): the same outputs, one layer more.
 
     Args:
         model: a Hugging Face causal LM (see :func:`cbo.blocks.find_blocks`).
@@ -149,7 +151,7 @@ def remove_blocks(model: Any, blocks: Iterable[Any], *, inplace: bool = False) -
         layers, _ = decoder_layers(model)
         config = text_config(model)
     deleted = deletable_layers(config, n_old, removed)
-    if len(deleted) < len(removed):  # the config cannot say which kind each remaining layer is: zero these instead
+    if len(deleted) < len(removed):  # the config cannot describe the rest without these: zero them instead
         zeroed = [i for i in removed if i not in deleted]
         remove_sublayers(model, [(i, p) for i in zeroed for p in ("attn", "mlp")], inplace=True, delete=False)
         removed = deleted
