@@ -6,11 +6,17 @@ family's cache)."""
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 
 import pytest
 import torch
-from tiny_models import HYBRID_ARCHS, MOE_ARCHS, CharTokenizer, build_tiny_hybrid, random_token_windows
+from tiny_models import (
+    HYBRID_ARCHS,
+    MOE_ARCHS,
+    CharTokenizer,
+    build_tiny_hybrid,
+    random_token_windows,
+    transformers_warnings,
+)
 
 from cbo.blocks import find_blocks, resolve_keep
 from cbo.errors import InfeasibleError
@@ -47,26 +53,6 @@ def quiet_kernel_fallbacks():
     logger.setLevel(logging.ERROR)
     yield
     logger.setLevel(level)
-
-
-@contextmanager
-def transformers_warnings():
-    """The messages transformers logs at WARNING or above inside the block."""
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record.getMessage())
-
-    logger, handler = logging.getLogger("transformers"), Collect(level=logging.WARNING)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 def logits(model, windows):

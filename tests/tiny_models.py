@@ -216,3 +216,29 @@ def build_tiny_hybrid(arch: str = "bamba", n_layers: int = 4, seed: int = 0, **o
     cfg = hybrid_config(arch, n_layers, **overrides)
     torch.manual_seed(seed)
     return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def transformers_warnings():
+    """A context manager collecting the messages transformers logs at WARNING or above inside it (a list)."""
+    import logging
+    from contextlib import contextmanager
+
+    @contextmanager
+    def collect():
+        records: list[str] = []
+
+        class Collect(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record.getMessage())
+
+        logger, handler = logging.getLogger("transformers"), Collect(level=logging.WARNING)
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        try:
+            yield records
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+    return collect()
