@@ -20,9 +20,11 @@ from tiny_models import (
 
 from cbo.blocks import find_blocks, resolve_keep
 from cbo.errors import InfeasibleError
+from cbo.evaluate import evaluate
 from cbo.families import ARCHITECTURES, kind_parts
 from cbo.hessian import gate_blocks, set_gates
 from cbo.pipeline import prune_depth
+from cbo.pipeline.inputs import token_splits
 from cbo.surgery.depth import remove_blocks, remove_sublayers, zeroed_sublayers
 from cbo.surgery.io import load_pruned, save_pruned
 
@@ -195,6 +197,12 @@ def test_hybrid_end_to_end(arch, granularity, tmp_path):
     if caps:
         assert not any("mamba" in k for k in kinds) and sum("attention" in k for k in kinds) <= 1
     pruned = report.pruned_model
+    # the measured validation loss of the chosen set (prefix-tree replay) is that of the pruned model itself
+    splits = token_splits(
+        None, CharTokenizer(), TEXT, model=model, seq_len=16, n_calibration=2, n_validation=2, n_test=0, seed=0
+    )
+    direct = evaluate(pruned, splits.validation, batch_size=2)
+    assert report.pruned_metrics["ppl"] == pytest.approx(direct["ppl"], rel=1e-4)
     folder = save_pruned(pruned, tmp_path / "m")
     with transformers_warnings() as said:
         plain = tf.AutoModelForCausalLM.from_pretrained(folder).eval()
