@@ -3,11 +3,17 @@
 Every model-touching module asks here. A *block* is a residual branch ``h -> h + f(h)``:
 
 * granularity ``"layer"``: one decoder layer; its branch is ``layer(h) - h``.
-* granularity ``"sublayer"``: the attention half and the MLP half of each layer; ``Block.module`` is the
-  module whose output *is* the branch added to the residual stream (Llama ``self_attn`` / ``mlp``,
-  Gemma 3 ``post_attention_layernorm`` / ``post_feedforward_layernorm``, GPT-2 ``attn`` / ``mlp``). Attention
-  modules return a tuple whose first element is the branch; use :func:`branch_tensor` and
-  :func:`with_branch_tensor` to read and replace it in a forward hook.
+* granularity ``"sublayer"``: the mixer half (attention, or a Mamba-style mixer in a hybrid stack) and the MLP
+  (or mixture-of-experts) half of each layer; ``Block.module`` is the module whose output *is* the branch added to
+  the residual stream (Llama ``self_attn`` / ``mlp``, Gemma 3 ``post_attention_layernorm`` /
+  ``post_feedforward_layernorm``, GPT-2 ``attn`` / ``mlp``, Bamba ``mamba`` / ``feed_forward``), and
+  ``Block.modules`` all of them when the half has parallel branches (Falcon-H1). Attention modules return a tuple
+  whose first element is the branch; use :func:`branch_tensor` and :func:`with_branch_tensor` to read and replace
+  it in a forward hook.
+
+Each block has a ``kind`` (what it holds: ``attention``, ``mamba``, ``mlp``, ``moe``, combined ``mamba+mlp``, or
+``layer`` for the layers of a uniform stack) and a ``part`` (what removing it deletes: ``layer``, ``attn``,
+``mlp``). The family tables live in :mod:`cbo.families`.
 
 Example:
     >>> blocks = find_blocks(model)                          # doctest: +SKIP
