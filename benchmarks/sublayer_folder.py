@@ -1,10 +1,12 @@
 """A sublayer-pruned folder of the default model loaded with plain transformers, against ``cbo.load_pruned``.
 
-Attention and MLP halves are removed (``cbo.surgery.depth.remove_sublayers``), the model is saved twice: with
-``cbo.save_pruned`` (the zeroed halves' output projections saved as zeros) and with bare ``save_pretrained`` (the
-zero modules' missing weights: what plain transformers re-initialises at random). Each folder is loaded with
-``AutoModelForCausalLM.from_pretrained`` and its logits on test windows compared with ``cbo.load_pruned``'s; the
-folder sizes say what the zero projections cost on disk.
+Attention and MLP halves are removed (``cbo.surgery.depth.remove_sublayers``), the model is saved three times: with
+``cbo.save_pruned`` (every weight of the zeroed halves saved as zeros: the plain load is silent), with
+``save_pruned(..., plain_weights="outputs")`` (their output projections only: plain transformers warns of the
+missing input weights), and with bare ``save_pretrained`` (the zero modules' missing weights: what plain
+transformers re-initialises at random). Each folder is loaded with ``AutoModelForCausalLM.from_pretrained``
+(recording whether transformers printed its LOAD REPORT of missing weights) and its logits on test windows compared
+with ``cbo.load_pruned``'s; the folder sizes say what the zeros cost on disk.
 
     .venv/bin/python -m benchmarks.sublayer_folder --threads 1
     .venv/bin/python -m benchmarks.sublayer_folder --halves 3.attn,9.mlp --windows 2
@@ -18,6 +20,35 @@ from pathlib import Path
 from benchmarks import harness as C
 
 DEFAULT_HALVES = "4.attn,8.attn,12.attn,16.attn,6.mlp,10.mlp,14.mlp,18.mlp"
+
+
+def load_report_printed():
+    """A context manager collecting transformers' LOAD REPORT warnings (missing or unexpected weights)."""
+    import logging
+    from contextlib import contextmanager
+
+    @contextmanager
+    def collect():
+        seen: list[str] = []
+
+        class Catch(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if "LOAD REPORT" in record.getMessage():
+                    seen.append(record.getMessage())
+
+        logger, handler = logging.getLogger("transformers"), Catch(level=logging.WARNING)
+        level, propagate = logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+        try:
+            yield seen
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+    return collect()
 
 
 def folder_bytes(path: Path) -> int:
@@ -37,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     import transformers
 
     from cbo.surgery.depth import remove_sublayers
-    from cbo.surgery.io import load_pruned, save_pruned, zeroed_output_projections
+    from cbo.surgery.io import load_pruned, save_pruned, zeroed_half_weights
 
     clock = C.Stopwatch()
     model, tok, splits = C.load(args, n_calibration=0, n_validation=0, n_test=args.windows)
@@ -47,22 +78,25 @@ def main(argv: list[str] | None = None) -> dict:
     del model
     with torch.no_grad():
         reference = pruned(input_ids=windows).logits
-    zeros = zeroed_output_projections(pruned)
+    zeros = {kind: zeroed_half_weights(pruned, kind) for kind in ("all", "outputs")}
     rows = {}
     with tempfile.TemporaryDirectory(prefix="cbo-sublayer-") as tmp:
-        for route in ("save_pruned", "save_pretrained"):
+        for route in ("save_pruned", "save_pruned_outputs", "save_pretrained"):
             folder = Path(tmp) / route
             if route == "save_pruned":
                 save_pruned(pruned, folder, tok)
+            elif route == "save_pruned_outputs":
+                save_pruned(pruned, folder, tok, plain_weights="outputs")
             else:
                 pruned.save_pretrained(folder)
             with torch.no_grad():
                 cbo_logits = load_pruned(folder)(input_ids=windows).logits
-                transformers.utils.logging.set_verbosity_error()
-                plain = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+                with load_report_printed() as printed:
+                    plain = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
                 plain_logits = plain(input_ids=windows).logits
             rows[route] = {
                 "folder_mb": round(folder_bytes(folder) / 1e6, 2),
+                "plain_load_report": bool(printed),
                 "load_pruned_max_abs_diff": float((cbo_logits - reference).abs().max()),
                 "plain_from_pretrained_max_abs_diff": float((plain_logits - reference).abs().max()),
                 "plain_top1_agreement": float((plain_logits.argmax(-1) == reference.argmax(-1)).float().mean()),
@@ -79,12 +113,12 @@ def main(argv: list[str] | None = None) -> dict:
         "command": C.command_line(),
         "halves": args.halves,
         "windows": list(windows.shape),
-        "zero_projection_parameters": int(sum(t.numel() for t in zeros.values())),
+        "zero_parameters_saved": {k: int(sum(t.numel() for t in z.values())) for k, z in zeros.items()},
         "routes": rows,
         "wall_time_s": round(clock(), 1),
         "cpu_time_s": round(clock.cpu(), 1),
     }
-    print(f"zero output projections saved: {result['zero_projection_parameters'] / 1e6:.2f} M parameters")
+    print(f"zeros saved (all weights / output projections): {result['zero_parameters_saved']} parameters")
     C.write_json(Path(args.out), result)
     return result
 

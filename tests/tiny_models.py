@@ -155,35 +155,90 @@ def build_tiny_moe(arch: str = "mixtral", n_layers: int = 4, seed: int = 0, **ov
     return tf.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-HYBRID_ARCHS = ("bamba",)  # state-space (Mamba2) and attention layers in one stack
+HYBRID_ARCHS = ("bamba", "jamba", "falcon_h1", "granitemoehybrid", "qwen3_next", "lfm2", "nemotron_h")
+MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8, mamba_expand=2, mamba_chunk_size=16)
+
+
+def hybrid_config(arch: str = "bamba", n_layers: int = 4, **overrides):
+    """The config of a tiny hybrid: state-space (or linear-attention, or short-convolution) mixers with attention at
+    the odd layers, and, where the family has them, experts (4, 2 per token) at the odd layers too."""
+    import transformers as tf
+
+    common = dict(
+        vocab_size=TINY_VOCAB, initializer_range=0.1, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    )  # fmt: skip
+    odd = list(range(1, n_layers, 2))
+    types = ["full_attention" if i in odd else "linear_attention" for i in range(n_layers)]
+    experts = dict(num_experts_per_tok=2)
+    if arch == "bamba":
+        cfg = tf.BambaConfig(**common, num_hidden_layers=n_layers, attn_layer_indices=odd, **MAMBA2)
+    elif arch == "jamba":
+        cfg = tf.JambaConfig(
+            **common, **experts, num_hidden_layers=n_layers, attn_layer_period=2, attn_layer_offset=1,
+            expert_layer_period=2, expert_layer_offset=1, num_experts=4, mamba_d_state=8, mamba_expand=2,
+        )  # fmt: skip
+    elif arch == "falcon_h1":
+        cfg = tf.FalconH1Config(**common, num_hidden_layers=n_layers, mamba_d_ssm=64, **MAMBA2)
+    elif arch == "granitemoehybrid":
+        cfg = tf.GraniteMoeHybridConfig(
+            **common, **experts, num_hidden_layers=n_layers, layer_types=types, num_local_experts=4,
+            shared_intermediate_size=32, **MAMBA2,
+        )  # fmt: skip
+    elif arch == "qwen3_next":
+        cfg = tf.Qwen3NextConfig(
+            **common, **experts, num_hidden_layers=n_layers, layer_types=types, head_dim=8, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
+            moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=2, mlp_only_layers=[],
+        )  # fmt: skip
+    elif arch == "lfm2":
+        conv = ["full_attention" if i in odd else "conv" for i in range(n_layers)]
+        cfg = tf.Lfm2Config(**common, num_hidden_layers=n_layers, layer_types=conv)
+    elif arch == "nemotron_h":
+        pattern = ["linear_attention", "full_attention", "moe", "mlp"]
+        cfg = tf.NemotronHConfig(
+            **common, **experts, layers_block_type=[pattern[i % 4] for i in range(n_layers)], mamba_num_heads=4,
+            mamba_head_dim=16, n_groups=1, ssm_state_size=8, expand=2, chunk_size=16, n_routed_experts=4,
+            moe_intermediate_size=32, moe_shared_expert_intermediate_size=32, head_dim=8,
+        )  # fmt: skip
+    else:
+        raise ValueError(f"unknown tiny hybrid architecture {arch!r}; use one of {HYBRID_ARCHS}")
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
 
 
 def build_tiny_hybrid(arch: str = "bamba", n_layers: int = 4, seed: int = 0, **overrides):
-    """A tiny random hybrid causal LM: Mamba2 mixer layers with attention at the odd indices (eval, float32)."""
+    """A tiny random hybrid causal LM of :func:`hybrid_config` (eval mode, float32, seeded)."""
     import torch
     import transformers as tf
 
-    if arch != "bamba":
-        raise ValueError(f"unknown tiny hybrid architecture {arch!r}; use one of {HYBRID_ARCHS}")
-    cfg = tf.BambaConfig(
-        vocab_size=TINY_VOCAB,
-        initializer_range=0.1,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_layer_indices=list(range(1, n_layers, 2)),
-        mamba_n_heads=4,
-        mamba_d_head=16,
-        mamba_n_groups=1,
-        mamba_d_state=8,
-        mamba_expand=2,
-        mamba_chunk_size=16,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
+    cfg = hybrid_config(arch, n_layers, **overrides)
     torch.manual_seed(seed)
     return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def transformers_warnings():
+    """A context manager collecting the messages transformers logs at WARNING or above inside it (a list)."""
+    import logging
+    from contextlib import contextmanager
+
+    @contextmanager
+    def collect():
+        records: list[str] = []
+
+        class Collect(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                records.append(record.getMessage())
+
+        logger, handler = logging.getLogger("transformers"), Collect(level=logging.WARNING)
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+        try:
+            yield records
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+    return collect()

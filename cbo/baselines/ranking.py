@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from cbo.errors import InfeasibleError
+from cbo.model.families import resolve_caps
 
 
 def check_count(value: Any, label: str) -> int:
@@ -32,15 +33,12 @@ def check_caps(caps: Mapping[str, int] | None, kinds: Sequence[str]) -> dict[str
         InfeasibleError: a kind no block has, or a limit that is not an integer >= 0.
     """
     out: dict[str, int] = {}
-    present = sorted(set(kinds))
     for kind, limit in dict(caps or {}).items():
-        if kind not in present:
-            raise InfeasibleError(f"caps name the block kind {kind!r}, which no block has; kinds here: {present}.")
         limit = check_count(limit, f"caps[{kind!r}]")
         if limit < 0:
             raise InfeasibleError(f"caps[{kind!r}] must be >= 0, got {limit}.")
         out[kind] = limit
-    return out
+    return resolve_caps(out, kinds)  # a kind that combined kinds hold ("mamba" of "mamba+mlp") caps them
 
 
 def json_number(v: Any) -> Any:

@@ -58,9 +58,10 @@ class _ResidualStates:
 
             return hook
 
-        def post(k: int, store: dict[int, Any]):
+        def post(k: int, store: dict[int, Any], add: bool = False):
             def hook(module: Any, args: tuple, output: Any) -> None:
-                store[k] = branch_tensor(output).detach()
+                branch = branch_tensor(output).detach()
+                store[k] = store[k] + branch if add and k in store else branch
 
             return hook
 
@@ -68,8 +69,9 @@ class _ResidualStates:
             for k, layer in enumerate(self.layers):
                 self._handles.append(layer.register_forward_pre_hook(pre(k), with_kwargs=True))
                 self._handles.append(layer.register_forward_hook(post(k, self.outputs)))
-                if self.parts is not None:
-                    self._handles.append(self.parts[k]["attn_branch"].register_forward_hook(post(k, self.attn)))
+                if self.parts is not None and self.parts[k]["mlp"] is not None:  # a single-branch layer: one block
+                    for branch in self.parts[k]["attn_branches"]:  # parallel branches (Falcon-H1) add up
+                        self._handles.append(branch.register_forward_hook(post(k, self.attn, add=True)))
         except Exception:
             self.__exit__()
             raise
@@ -88,7 +90,7 @@ class _ResidualStates:
         out = []
         for k in range(n):
             out.append(self.inputs[k])
-            if self.parts is not None:
+            if self.parts is not None and self.parts[k]["mlp"] is not None:
                 out.append(self.inputs[k] + self.attn[k])
         out.append(self.outputs[n - 1])
         for store in (self.inputs, self.outputs, self.attn):

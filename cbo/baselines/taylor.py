@@ -28,12 +28,12 @@ def block_param_modules(model: Any, block: Any) -> list[Any]:
     """The modules whose parameters a block's removal deletes (a layer; or a half and the norms only it uses)."""
     from cbo.model.blocks import decoder_layers, layer_parts
 
-    if block.kind == "layer":
+    if block.part == "layer":
         return [block.module]
     layer = decoder_layers(model)[0][block.layer]
     parts = layer_parts(layer, model)
-    part = "attn" if block.kind == "attention" else "mlp"
-    return [parts[part]] + [getattr(layer, n) for n in parts[f"{part}_norms"]]
+    part = block.part
+    return [*parts[f"{part}_modules"]] + [getattr(layer, n) for n in parts[f"{part}_norms"]]
 
 
 def taylor_importance(

@@ -30,7 +30,7 @@ OVERWRITE_HELP = "Write into a non-empty folder CBO did not write (only files of
 OVERWRITE_FILES_HELP = "Replace output files that already exist."
 
 # the help of the options several commands share
-GRANULARITY_HELP = "layer, or sublayer (attention and MLP halves)."
+GRANULARITY_HELP = "layer, or sublayer (mixer and MLP halves: attention or Mamba, MLP or MoE)."
 CALIBRATION_HELP = "Calibration windows."
 SEQ_LEN_HELP = "Tokens per window."
 BATCH_HELP = "Windows per forward pass."

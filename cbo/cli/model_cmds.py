@@ -113,6 +113,9 @@ def prune(
     method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (`cbo estimators` lists them)."),
     granularity: str = typer.Option("layer", help=GRANULARITY_HELP),
     keep: Optional[str] = typer.Option(None, "--keep", help="Blocks never removed, e.g. '0,29'."),
+    keep_kind: list[str] = typer.Option(
+        [], "--keep-kind", help="Never remove a block of this kind (repeatable): attention, mamba, mlp or moe."
+    ),
     max_kind: list[str] = typer.Option(
         [], "--max-kind", help="At most N removed blocks of a kind, KIND=N (repeatable), e.g. attention=4, mlp=2."
     ),
@@ -226,7 +229,7 @@ def prune(
                 validate=validate,
                 granularity=granularity,
                 method=method,
-                keep=parse_blocks(keep) or None,
+                keep=parse_blocks(keep) + [k.strip() for k in keep_kind if k.strip()] or None,
                 caps=parse_caps(max_kind) or None,
                 budget_params=budget_params,
                 seed=seed,

@@ -132,7 +132,7 @@ def estimate_hessian(
     opts = ESTIMATORS.make_options(cls, options)
     tokens = as_windows(windows, model)
     blocks = resolve_blocks(model, blocks if blocks is not None else granularity)
-    granularity = "layer" if all(b.kind == "layer" for b in blocks) else "sublayer"
+    granularity = "layer" if all(b.part == "layer" for b in blocks) else "sublayer"
     device = input_device(model)
     n_seq, seq_len = tokens.shape
     n_batches = (n_seq + batch_size - 1) // batch_size

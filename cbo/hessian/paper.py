@@ -45,7 +45,7 @@ def paper_gate_layout(model: torch.nn.Module, blocks: list) -> tuple[list, np.nd
         ModelError: a layer's halves cannot be found, or a layer and one of its halves are both blocks.
     """
     halves: dict[int, list] = {}
-    if any(b.kind == "layer" for b in blocks):
+    if any(b.part == "layer" for b in blocks):
         from cbo.model.blocks import find_blocks
 
         for sub in find_blocks(model, "sublayer"):
@@ -53,8 +53,8 @@ def paper_gate_layout(model: torch.nn.Module, blocks: list) -> tuple[list, np.nd
     gated: list = []
     columns: list[int] = []
     for j, b in enumerate(blocks):
-        parts = halves.get(b.layer, []) if b.kind == "layer" else [b]
-        if b.kind == "layer" and len(parts) != 2:
+        parts = halves.get(b.layer, []) if b.part == "layer" else [b]
+        if b.part == "layer" and len(parts) != 2:
             raise ModelError(
                 f"the paper's gate of {b.name!r} multiplies its attention and MLP branches, but "
                 f"{len(parts)} halves were found in that layer; use granularity='sublayer' for this model."

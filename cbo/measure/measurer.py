@@ -30,7 +30,7 @@ import torch
 
 from cbo.errors import DataError, InvalidOptionError, ModelError
 from cbo.measure.cache import MeasureCache
-from cbo.measure.replay import KIND_MASK, WHOLE, RemovalLosses, parameter_count, removal_events
+from cbo.measure.replay import PART_MASK, WHOLE, RemovalLosses, parameter_count, removal_events
 from cbo.model.forward import input_device
 from cbo.progress import progress_bar
 
@@ -268,7 +268,7 @@ class Measurer:
             if mask == WHOLE:
                 gone += parameter_count(layers[layer])
             else:
-                gone += sum(b.n_params for b in self.blocks if b.layer == layer and KIND_MASK[b.kind] == mask)
+                gone += sum(b.n_params for b in self.blocks if b.layer == layer and PART_MASK[b.part] == mask)
         return parameter_count(self.model) - gone
 
     def release(self) -> None:

@@ -39,7 +39,7 @@ from cbo.model.head import Head, first_tensor, keep_last_kwarg, position_logits
 
 # which halves of a decoder layer a block removes
 ATTN, MLP, WHOLE = 1, 2, 3
-KIND_MASK = {"attention": ATTN, "mlp": MLP, "layer": WHOLE}
+PART_MASK = {"attn": ATTN, "mlp": MLP, "layer": WHOLE}
 PART_OF_MASK = {ATTN: "attn", MLP: "mlp"}
 CHECK_RTOL = 1e-4
 # the version of the measured values: caches of measured losses, and of the QUBOs built from them, are keyed by it
@@ -52,7 +52,7 @@ def removal_events(blocks: Sequence[Any], removed: Iterable[int]) -> tuple[tuple
     masks: dict[int, int] = {}
     for i in removed:
         b = blocks[i]
-        masks[b.layer] = masks.get(b.layer, 0) | KIND_MASK[b.kind]
+        masks[b.layer] = masks.get(b.layer, 0) | PART_MASK[b.part]
     return tuple(sorted(masks.items()))
 
 
@@ -129,8 +129,8 @@ class RemovalLosses:
         self.layers = layers
         self.n_layers = len(layers)
         self._weights(layers)
-        self.replay = self.prefix and all(b.kind in KIND_MASK for b in self.blocks)
-        halves = sorted({(b.layer, KIND_MASK[b.kind]) for b in self.blocks if KIND_MASK.get(b.kind) in (ATTN, MLP)})
+        self.replay = self.prefix and all(b.part in PART_MASK for b in self.blocks)
+        halves = sorted({(b.layer, PART_MASK[b.part]) for b in self.blocks if PART_MASK.get(b.part) in (ATTN, MLP)})
         self._parts: dict[int, dict[str, Any]] = {}
         if self.replay and halves:
             try:
@@ -140,7 +140,7 @@ class RemovalLosses:
         self.states: list[torch.Tensor] = []
         self.calls: list[tuple[tuple, dict]] = []
         self._rest: tuple | None = None
-        self._formats: dict[tuple[int, str], int | None] = {}
+        self._formats: dict[tuple[int, str], int | None] = {}  # (layer, module name): tuple length or None
         self.original_calls += 1
         self.cost += 1.0
         with torch.no_grad():
@@ -232,7 +232,8 @@ class RemovalLosses:
             handles.append(self.layers[-1].register_forward_hook(post, with_kwargs=True))
             for layer, parts in self._parts.items():
                 for part in ("attn", "mlp"):
-                    handles.append(parts[part].register_forward_hook(fmt((layer, part))))
+                    for name, module in zip(parts[f"{part}_names"], parts[f"{part}_modules"]):
+                        handles.append(module.register_forward_hook(fmt((layer, name))))
             kwarg = keep_last_kwarg(self.model)
             t = self.tokens.shape[1]
             keep = min(t, max(1, Head(self.model, self.tokens).chunk))
@@ -259,14 +260,16 @@ class RemovalLosses:
             self.cost += self._layer_params[k] / self._full_params
             return first_tensor(self.layers[k](h, *args, **kwargs))[0]
         parts, part = self._parts[k], PART_OF_MASK[mask]
-        layer, name = self.layers[k], parts[f"{part}_name"]
-        original = getattr(layer, name)
-        self.cost += (self._layer_params[k] - parameter_count(original)) / self._full_params
-        setattr(layer, name, ZeroStandIn(self._formats.get((k, part))))
+        layer, names = self.layers[k], parts[f"{part}_names"]
+        originals = [getattr(layer, name) for name in names]
+        self.cost += (self._layer_params[k] - sum(map(parameter_count, originals))) / self._full_params
+        for name in names:
+            setattr(layer, name, ZeroStandIn(self._formats.get((k, name))))
         try:
             return first_tensor(layer(h, *args, **kwargs))[0]
         finally:
-            setattr(layer, name, original)
+            for name, original in zip(names, originals):
+                setattr(layer, name, original)
 
     def _tail(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
         """Losses of the model whose last decoder layer outputs ``h`` (final norm and head only, a few positions
@@ -277,16 +280,16 @@ class RemovalLosses:
 
     def _gated_layer(self, k: int, part: str) -> torch.Tensor:
         """Reference for a half's stand-in: layer k with that half's branch output zeroed by a hook."""
-        branch = self._parts[k][f"{part}_branch"]
 
         def zero(module: Any, args: tuple, output: Any) -> Any:
             return with_branch_tensor(output, torch.zeros_like(branch_tensor(output)))
 
-        handle = branch.register_forward_hook(zero)
+        handles = [branch.register_forward_hook(zero) for branch in self._parts[k][f"{part}_branches"]]
         try:
             return self._layer(k, self.states[k])
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
 
     def _replay_matches(self, last: torch.Tensor) -> bool:
         """The replayed last layer and the injected head reproduce the original logits (``last``: those of the
@@ -301,7 +304,7 @@ class RemovalLosses:
             checks = []
             for mask in (ATTN, MLP):
                 layers = [
-                    k for k in self._parts if any(KIND_MASK[b.kind] == mask and b.layer == k for b in self.blocks)
+                    k for k in self._parts if any(PART_MASK[b.part] == mask and b.layer == k for b in self.blocks)
                 ]
                 if layers:
                     k = max(layers)

@@ -3,11 +3,17 @@
 Every model-touching module asks here. A *block* is a residual branch ``h -> h + f(h)``:
 
 * granularity ``"layer"``: one decoder layer; its branch is ``layer(h) - h``.
-* granularity ``"sublayer"``: the attention half and the MLP half of each layer; ``Block.module`` is the
-  module whose output *is* the branch added to the residual stream (Llama ``self_attn`` / ``mlp``,
-  Gemma 3 ``post_attention_layernorm`` / ``post_feedforward_layernorm``, GPT-2 ``attn`` / ``mlp``). Attention
-  modules return a tuple whose first element is the branch; use :func:`branch_tensor` and
-  :func:`with_branch_tensor` to read and replace it in a forward hook.
+* granularity ``"sublayer"``: the mixer half (attention, or a Mamba-style mixer in a hybrid stack) and the MLP
+  (or mixture-of-experts) half of each layer; ``Block.module`` is the module whose output *is* the branch added to
+  the residual stream (Llama ``self_attn`` / ``mlp``, Gemma 3 ``post_attention_layernorm`` /
+  ``post_feedforward_layernorm``, GPT-2 ``attn`` / ``mlp``, Bamba ``mamba`` / ``feed_forward``), and
+  ``Block.modules`` all of them when the half has parallel branches (Falcon-H1). Attention modules return a tuple
+  whose first element is the branch; use :func:`branch_tensor` and :func:`with_branch_tensor` to read and replace
+  it in a forward hook.
+
+Each block has a ``kind`` (what it holds: ``attention``, ``mamba``, ``mlp``, ``moe``, combined ``mamba+mlp``, or
+``layer`` for the layers of a uniform stack) and a ``part`` (what removing it deletes: ``layer``, ``attn``,
+``mlp``). The family tables live in :mod:`cbo.model.families`.
 
 Example:
     >>> blocks = find_blocks(model)                          # doctest: +SKIP
@@ -22,6 +28,7 @@ from typing import Any
 
 from cbo.errors import InfeasibleError, ModelError
 from cbo.extras import require
+from cbo.model.families import ARCHITECTURES, SUPPORTED, ArchSpec, blocks_of_kind, combined_kind, module_kind
 
 torch = require("torch", "model blocks")
 nn = torch.nn
@@ -31,100 +38,24 @@ PARTS = ("attn", "mlp")
 
 
 @dataclass(frozen=True)
-class ArchSpec:
-    """Attribute names of one decoder-layer family (relative to the decoder layer)."""
-
-    layers: str  # dotted path of the ModuleList, relative to the model
-    attn: str  # attention module
-    mlp: str  # MLP module
-    attn_branch: str  # module whose output is the attention branch added to the residual
-    mlp_branch: str
-    attn_norms: tuple[str, ...]  # norms that only feed (or only follow) the attention: dead once it goes
-    mlp_norms: tuple[str, ...]
-
-
-_LLAMA = ArchSpec(
-    "model.layers", "self_attn", "mlp", "self_attn", "mlp", ("input_layernorm",), ("post_attention_layernorm",)
-)
-_GEMMA = ArchSpec(
-    "model.layers",
-    "self_attn",
-    "mlp",
-    "post_attention_layernorm",
-    "post_feedforward_layernorm",
-    ("input_layernorm", "post_attention_layernorm"),
-    ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
-)
-
-# keyed by config.model_type
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,
-    "gemma": _LLAMA,
-    "phi3": _LLAMA,
-    # mixture of experts: the router and all its experts (and a shared expert) form the MLP half, one block
-    "mixtral": _LLAMA,
-    "qwen2_moe": _LLAMA,
-    "qwen3_moe": _LLAMA,
-    "olmoe": _LLAMA,
-    "gemma2": _GEMMA,
-    "gemma3_text": _GEMMA,
-    "gemma3": ArchSpec(
-        "model.language_model.layers",
-        "self_attn",
-        "mlp",
-        "post_attention_layernorm",
-        "post_feedforward_layernorm",
-        _GEMMA.attn_norms,
-        _GEMMA.mlp_norms,
-    ),
-    "olmo2": ArchSpec(
-        "model.layers",
-        "self_attn",
-        "mlp",
-        "post_attention_layernorm",
-        "post_feedforward_layernorm",
-        ("post_attention_layernorm",),
-        ("post_feedforward_layernorm",),
-    ),
-    "gpt2": ArchSpec("transformer.h", "attn", "mlp", "attn", "mlp", ("ln_1",), ("ln_2",)),
-    "gpt_neox": ArchSpec(
-        "gpt_neox.layers", "attention", "mlp", "attention", "mlp", ("input_layernorm",), ("post_attention_layernorm",)
-    ),
-}
-
-SUPPORTED = (
-    "Llama",
-    "Mistral",
-    "Qwen2",
-    "Qwen3",
-    "Gemma",
-    "Gemma 2",
-    "Gemma 3",
-    "Phi-3",
-    "Mixtral",
-    "Qwen2-MoE",
-    "Qwen3-MoE",
-    "OLMoE",
-    "OLMo 2",
-    "GPT-2",
-    "GPT-NeoX",
-)
-
-
-@dataclass(frozen=True)
 class Block:
     """One removable residual branch of a model."""
 
     index: int  # position in the list returned by find_blocks
-    name: str  # "layers.3" (layer) or "layers.3.attn" / "layers.3.mlp" (sublayer)
-    kind: str  # "layer" | "attention" | "mlp"
+    name: str  # "layers.3" (layer) or "layers.3.attn" / "layers.3.mamba" / "layers.3.mlp" / "layers.3.moe"
+    kind: str  # "layer", or what the block holds: "attention" | "mamba" | "mlp" | "moe" | combined "mamba+moe"
     layer: int  # decoder-layer index
     module: Any  # layer: the decoder layer; sublayer: the module whose output is the branch
     n_params: int  # parameters deleted when the block is removed
     path: str = ""  # dotted path of `module` inside the model
+    part: str = ""  # what removing it deletes: "layer" (the decoder layer), "attn" (the mixer half), "mlp"
+    modules: tuple = ()  # every module whose output is part of the branch (a Falcon-H1 mixer: Mamba and attention)
+
+    def __post_init__(self) -> None:
+        if not self.part:  # blocks built by hand: the kind says the part, as before hybrid kinds
+            object.__setattr__(self, "part", {"attention": "attn", "mlp": "mlp"}.get(self.kind, "layer"))
+        if not self.modules:
+            object.__setattr__(self, "modules", (self.module,))
 
 
 def _get(root: Any, dotted: str) -> Any:
@@ -221,50 +152,85 @@ def _layer_spec(model: Any, layer: Any) -> ArchSpec:
         )
     if isinstance(getattr(layer, "post_feedforward_layernorm", None), nn.Module):
         return ArchSpec("", attn_name, mlp_name, "post_attention_layernorm", "post_feedforward_layernorm", (), ())
-    return ArchSpec("", attn_name, mlp_name, attn_name, mlp_name, (), ())
+    return ArchSpec("", attn_name, mlp_name)
+
+
+def _half(layer: Any, spec: ArchSpec, part: str) -> dict[str, Any]:
+    """The modules of one half present in ``layer``, their branch modules, dead norms and kind."""
+    names = tuple(n for n in spec.names(part) if isinstance(getattr(layer, n, None), nn.Module))
+    modules = tuple(getattr(layer, n) for n in names)
+    branch_name = spec.attn_branch if part == "attn" else spec.mlp_branch
+    branch_names = (branch_name,) if branch_name else names
+    branches = tuple(getattr(layer, n) for n in branch_names)
+    default = "attention" if part == "attn" else "mlp"
+    kinds = {module_kind(m, default) for m in modules}
+    if "moe" in kinds:  # a shared expert beside the routed ones is part of the mixture
+        kinds.discard("mlp")
+    norms = spec.attn_norms if part == "attn" else spec.mlp_norms
+    return {
+        part: modules[0] if modules else None,
+        f"{part}_branch": branches[0] if branches else None,
+        f"{part}_name": names[0] if names else None,
+        f"{part}_branch_name": branch_names[0] if branch_names else None,
+        f"{part}_names": names,
+        f"{part}_modules": modules,
+        f"{part}_branch_names": branch_names,
+        f"{part}_branches": branches,
+        f"{part}_norms": tuple(n for n in norms if isinstance(getattr(layer, n, None), nn.Module)),
+        f"{part}_kind": combined_kind(sorted(kinds)) if kinds else "",
+    }
 
 
 def layer_parts(layer: Any, model: Any | None = None) -> dict[str, Any]:
-    """The attention and MLP halves of a decoder layer.
+    """The token-mixer ("attn") and channel-mixer ("mlp") halves of a decoder layer.
 
-    Returns a dict with ``attn``, ``mlp`` (the modules), ``attn_branch``, ``mlp_branch`` (the modules whose
-    outputs are the residual-branch contributions), their attribute names (``attn_name``, ``mlp_name``,
-    ``attn_branch_name``, ``mlp_branch_name``) and ``attn_norms`` / ``mlp_norms`` (attribute names of the
-    norms used only by that half). Pass ``model`` to use its architecture table instead of name guessing.
+    Returns a dict with ``attn``, ``mlp`` (the first module of each half; ``mlp`` is None in a single-branch layer
+    such as Nemotron-H's), ``attn_branch``, ``mlp_branch`` (the modules whose outputs are the residual-branch
+    contributions), their attribute names (``attn_name``, ``mlp_name``, ``attn_branch_name``, ``mlp_branch_name``),
+    ``attn_norms`` / ``mlp_norms`` (attribute names of the norms used only by that half), ``attn_kind`` /
+    ``mlp_kind`` (``"attention"``, ``"mamba"``, ``"mlp"``, ``"moe"``, or combined), and the tuples ``attn_names``,
+    ``attn_modules``, ``attn_branch_names``, ``attn_branches`` (likewise for ``mlp``) of a half made of parallel
+    branches (Falcon-H1's Mamba and attention). Pass ``model`` to use its architecture table instead of name
+    guessing.
     """
     spec = _layer_spec(model, layer) if model is not None else None
     if spec is None:
         for candidate in dict.fromkeys(ARCHITECTURES.values()):
-            if all(isinstance(getattr(layer, n, None), nn.Module) for n in (candidate.attn, candidate.mlp)):
+            present = [
+                any(isinstance(getattr(layer, n, None), nn.Module) for n in names) or not names
+                for names in (candidate.names("attn"), candidate.names("mlp"))
+            ]
+            if all(present):
                 gemma_like = isinstance(getattr(layer, "post_feedforward_layernorm", None), nn.Module)
                 if gemma_like == (candidate.mlp_branch == "post_feedforward_layernorm"):
                     spec = candidate
                     break
         if spec is None:
             spec = _layer_spec(object(), layer)
-    out: dict[str, Any] = {
-        "attn": getattr(layer, spec.attn),
-        "mlp": getattr(layer, spec.mlp),
-        "attn_branch": getattr(layer, spec.attn_branch),
-        "mlp_branch": getattr(layer, spec.mlp_branch),
-        "attn_name": spec.attn,
-        "mlp_name": spec.mlp,
-        "attn_branch_name": spec.attn_branch,
-        "mlp_branch_name": spec.mlp_branch,
-        "attn_norms": tuple(n for n in spec.attn_norms if isinstance(getattr(layer, n, None), nn.Module)),
-        "mlp_norms": tuple(n for n in spec.mlp_norms if isinstance(getattr(layer, n, None), nn.Module)),
-    }
+    out = {**_half(layer, spec, "attn"), **_half(layer, spec, "mlp")}
+    if out["attn"] is None:
+        names = [n for n, _ in layer.named_children()]
+        raise ModelError(f"the layer {type(layer).__name__} has none of the mixers {spec.names('attn')} ({names}).")
     return out
+
+
+SUFFIX = {"attention": "attn", "mamba": "mamba", "mlp": "mlp", "moe": "moe"}
 
 
 def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
     """The removable blocks of ``model`` in forward order.
 
     Args:
-        model: a Hugging Face causal LM (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, OLMo 2, GPT-2, GPT-NeoX) or any
-            model whose decoder layers are one ``nn.ModuleList`` of identical residual blocks.
-        granularity: ``"layer"`` (one block per decoder layer) or ``"sublayer"`` (attention and MLP halves,
-            ``2 * n_layers`` blocks ordered ``layers.0.attn, layers.0.mlp, layers.1.attn, ...``).
+        model: a Hugging Face causal LM of a known family (:data:`cbo.model.families.ARCHITECTURES`: Llama, Mistral,
+            Qwen2/3, Gemma 1/2/3, Phi-3, OLMo 2, GPT-2, GPT-NeoX, the MoE and the hybrid families) or any model
+            whose decoder layers are one ``nn.ModuleList`` of identical residual blocks.
+        granularity: ``"layer"`` (one block per decoder layer) or ``"sublayer"`` (the mixer and the MLP half of
+            each layer, ordered ``layers.0.attn, layers.0.mlp, layers.1.attn, ...``; a single-branch layer, such as
+            Nemotron-H's, is one block either way).
+
+    Kinds: ``"layer"`` for the layers of a uniform stack; the kind of what a block holds otherwise
+    (``attention``, ``mamba``, ``mlp``, ``moe``, or combined such as ``"mamba+mlp"`` for a hybrid layer). Sublayer
+    names say the kind: ``layers.3.attn``, ``layers.3.mamba``, ``layers.3.mlp``, ``layers.3.moe``.
 
     Example:
         >>> names = [b.name for b in find_blocks(model, "sublayer")]   # doctest: +SKIP
@@ -272,24 +238,36 @@ def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
     if granularity not in GRANULARITIES:
         raise ModelError(f"unknown granularity {granularity!r}; use one of {GRANULARITIES}")
     layers, path = decoder_layers(model)
+    spec = _spec(model)
+    hybrid = spec is not None and spec.hybrid
     blocks: list[Block] = []
     for i, layer in enumerate(layers):
-        if granularity == "layer":
-            blocks.append(Block(len(blocks), f"layers.{i}", "layer", i, layer, _n_params(layer), f"{path}.{i}"))
+        parts = layer_parts(layer, model) if hybrid or granularity == "sublayer" else None
+        single = parts is not None and parts["mlp"] is None
+        if granularity == "layer" or single:
+            kind = "layer"
+            if parts is not None:
+                kind = combined_kind([k for k in (parts["attn_kind"], parts["mlp_kind"]) if k])
+            blocks.append(
+                Block(len(blocks), f"layers.{i}", kind, i, layer, _n_params(layer), f"{path}.{i}", part="layer")
+            )
             continue
-        parts = layer_parts(layer, model)
-        for part, kind in (("attn", "attention"), ("mlp", "mlp")):
-            dead = [parts[part]] + [getattr(layer, n) for n in parts[f"{part}_norms"]]
+        for part in ("attn", "mlp"):
+            dead = [*parts[f"{part}_modules"]] + [getattr(layer, n) for n in parts[f"{part}_norms"]]
+            kind = parts[f"{part}_kind"]
+            suffix = SUFFIX.get(kind, "mixer" if part == "attn" else "ffn")
             branch_name = parts[f"{part}_branch_name"]
             blocks.append(
                 Block(
                     len(blocks),
-                    f"layers.{i}.{part}",
+                    f"layers.{i}.{suffix}",
                     kind,
                     i,
                     parts[f"{part}_branch"],
                     _n_params(*dead),
                     f"{path}.{i}.{branch_name}",
+                    part=part,
+                    modules=parts[f"{part}_branches"],
                 )
             )
     return blocks
@@ -305,8 +283,9 @@ def resolve_keep(keep: Any, blocks: Any) -> list[int]:
     """Sorted indices into ``blocks`` of the blocks never removed.
 
     Args:
-        keep: None, one block or a list of them, each an index or a name (``"layers.0"``; digit strings count as
-            indices, as the command line gives them).
+        keep: None, one block or a list of them, each an index, a name (``"layers.0"``; digit strings count as
+            indices, as the command line gives them), or a kind (``"mamba"``: every block of that kind, or holding
+            it, as ``"mamba+mlp"`` does).
         blocks: the block list (:func:`find_blocks`).
 
     Raises:
@@ -322,9 +301,13 @@ def resolve_keep(keep: Any, blocks: Any) -> list[int]:
     out = []
     for k in [keep] if isinstance(keep, (int, str)) else keep:
         if isinstance(k, str) and not k.strip().lstrip("-").isdigit():
-            if k not in names:
-                raise InfeasibleError(f"keep names unknown block {k!r}; blocks are {names[0]}..{names[-1]}.")
-            out.append(names.index(k))
+            of_kind = blocks_of_kind(k, [b.kind for b in blocks]) if k not in names else []
+            if k not in names and not of_kind:
+                kinds = sorted({b.kind for b in blocks})
+                raise InfeasibleError(
+                    f"keep names unknown block or kind {k!r}; blocks are {names[0]}..{names[-1]}, kinds {kinds}."
+                )
+            out += of_kind or [names.index(k)]
             continue
         if isinstance(k, bool) or not isinstance(k, str) and not hasattr(k, "__index__"):
             raise InfeasibleError(f"keep lists blocks by index or name, got {k!r} of type {type(k).__name__}.")

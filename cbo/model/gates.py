@@ -1,8 +1,9 @@
 """Scalar gates on the residual branches of a model's blocks, attached through forward hooks.
 
 Gate ``a_i`` scales the residual branch of block ``i``: for a decoder layer
-``out = in + a_i·(layer(in) − in)``; for a sublayer (attention or MLP half) the branch module's
-output, which *is* the residual contribution, becomes ``a_i·branch``. All gates = 1 is the original
+``out = in + a_i·(layer(in) − in)``; for a sublayer (an attention, Mamba, MLP or mixture-of-experts half) the
+branch module's output, which *is* the residual contribution, becomes ``a_i·branch`` (a half of parallel
+branches, Falcon-H1's Mamba and attention, has each of them scaled by the same ``a_i``). All gates = 1 is the original
 model and ``a_i = 0`` is the model with block ``i`` removed. No model code is edited: the hooks are
 removed when the context exits, also on error.
 
@@ -86,8 +87,8 @@ class Gates:
         self.model = model
         self.blocks = resolve_blocks(model, blocks)
         for b in self.blocks:
-            if b.kind not in ("layer", "attention", "mlp"):
-                raise ModelError(f"block {b.name!r} has kind {b.kind!r}; gates support 'layer', 'attention', 'mlp'.")
+            if getattr(b, "part", None) not in ("layer", "attn", "mlp"):
+                raise ModelError(f"block {b.name!r} is no layer or layer half; gates need blocks of find_blocks.")
         self.a = torch.ones(len(self.blocks), dtype=torch.float32, requires_grad=requires_grad)
         self._handles: list[Any] = []
         self._recorder: _PerSequenceGrads | None = None
@@ -98,7 +99,8 @@ class Gates:
             return self
         try:
             for i, block in enumerate(self.blocks):
-                self._handles.append(block.module.register_forward_hook(self._hook(i, block), with_kwargs=True))
+                for module in block.modules:
+                    self._handles.append(module.register_forward_hook(self._hook(i, block), with_kwargs=True))
         except Exception:
             self.detach()
             raise
@@ -141,7 +143,7 @@ class Gates:
 
     # ----------------------------------------------------------------- the hook
     def _hook(self, i: int, block: Any):
-        is_layer = block.kind == "layer"
+        is_layer = block.part == "layer"
         gates = self
 
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:

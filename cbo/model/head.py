@@ -45,10 +45,17 @@ def first_tensor(output: Any) -> tuple[Any, tuple | None]:
 
 
 class Inject(torch.nn.Module):
-    """Stands in for the whole decoder-layer list: returns a given stream in the last layer's output format."""
+    """Stands in for the whole decoder-layer list: returns a given stream in the last layer's output format.
 
-    def __init__(self, state: Any, rest: tuple | None) -> None:
+    ``like``: the layer it stands for, whose plain attributes (``block_type``...) it copies: some models' forward
+    reads them from each layer (Nemotron-H picks each layer's mask by its ``block_type``).
+    """
+
+    def __init__(self, state: Any, rest: tuple | None, like: Any = None) -> None:
         super().__init__()
+        for key, value in vars(like).items() if like is not None else ():
+            if not key.startswith("_") and key != "training" and isinstance(value, (str, int, float, bool)):
+                setattr(self, key, value)
         self.state = state
         self.rest = rest
 
@@ -104,7 +111,7 @@ class Head:
     def run(self, piece: Any) -> Any:
         """The model's forward after its decoder layers, on ``piece`` as the last layer's output."""
         original = getattr(self.parent, self.attr)
-        setattr(self.parent, self.attr, torch.nn.ModuleList([Inject(piece, self.rest)]))
+        setattr(self.parent, self.attr, torch.nn.ModuleList([Inject(piece, self.rest, original[-1])]))
         try:
             return model_logits(self.model, self.tokens)
         finally:

@@ -44,7 +44,7 @@ def prune_blocks(model: Any, blocks: Sequence[Any], removed: Iterable[int]) -> A
     from cbo.surgery.depth import remove_blocks, remove_sublayers
 
     removed = sorted(int(i) for i in removed)
-    if all(blocks[i].kind == "layer" for i in removed):
+    if all(blocks[i].part == "layer" for i in removed):
         return remove_blocks(model, [blocks[i].layer for i in removed])
     return remove_sublayers(model, [blocks[i] for i in removed])
 
@@ -132,9 +132,10 @@ def prune_depth(
         top_k: how many low-energy states to rank; validate: how many of them to measure.
         granularity: ``"layer"`` or ``"sublayer"`` (attention and MLP halves).
         method: ``"cbo"``, or a baseline of ``cbo.baselines`` (e.g. ``"block_influence"``).
-        keep: blocks never removed (indices or names), e.g. ``[0, 29]``.
+        keep: blocks never removed (indices, names or kinds), e.g. ``[0, 29]`` or ``["mamba"]``.
         caps: at most this many removed blocks of a kind, e.g. ``{"attention": 4, "mlp": 2}`` (kinds of
-            ``cbo.model.blocks.find_blocks``); budget_params: at most this many parameters removed. Both constrain the
+            ``cbo.model.blocks.find_blocks``: ``attention``, ``mamba``, ``mlp``, ``moe``, combined ones such as
+            ``"mamba+mlp"`` for hybrid layers, whose parts may be capped at 0); budget_params: at most this many parameters removed. Both constrain the
             solver (CBO only; the baselines rank without constraints).
         seed: seeds data sampling, label sampling and randomized solvers.
         cache_dir: where Hessians and measured validation losses are cached; True = ``CBO_HOME/cache``,
@@ -162,6 +163,7 @@ def prune_depth(
     from cbo.hessian import ESTIMATORS
     from cbo.measure.losses import check_loss
     from cbo.model.blocks import find_blocks, prunable_parameters, resolve_keep
+    from cbo.model.families import resolve_caps
     from cbo.solvers import get as get_solver
 
     timings: dict[str, float] = {}
@@ -186,6 +188,8 @@ def prune_depth(
 
     blocks = find_blocks(model, granularity)
     keep_idx = resolve_keep(keep, blocks)
+    if caps:  # a cap may name a kind that combined kinds hold: "mamba" caps the "mamba+mlp" layers
+        caps = resolve_caps(caps, [b.kind for b in blocks])
     remove = check_request(remove, blocks, keep_idx, caps, budget_params)
     if method != "cbo" and (caps or budget_params is not None):
         raise CBOError(f"caps and budget_params constrain CBO's solver; the baseline {method!r} does not take them.")

@@ -19,16 +19,18 @@ from typing import Any
 from cbo.errors import ModelError
 from cbo.extras import require
 from cbo.model.blocks import Block, decoder_layers, layer_parts
+from cbo.model.families import ARCHITECTURES, INDEX_LISTS, NOT_PER_LAYER, can_delete_layers, module_kind
 
 torch = require("torch", "model surgery")
 nn = torch.nn
 
-# config lists that hold layer *indices* (remapped) rather than one entry per layer (sliced)
-INDEX_LISTS = ("mlp_only_layers", "full_attention_layers", "sliding_window_layers", "attn_layer_indices")
 ZEROED_KEY = "cbo_zeroed_sublayers"  # [[layer, "attn" | "mlp"], ...] in current layer numbering
 ORIGINAL_KEY = "cbo_original_layers"  # original index of each current layer
 REMOVED_KEY = "cbo_removed_layers"  # original indices of the removed layers
-PART_ALIASES = {"attn": "attn", "attention": "attn", "self_attn": "attn", "mlp": "mlp", "ffn": "mlp"}
+PART_ALIASES = {
+    "attn": "attn", "attention": "attn", "self_attn": "attn", "mixer": "attn", "mamba": "attn",
+    "mlp": "mlp", "ffn": "mlp", "moe": "mlp",
+}  # fmt: skip
 
 
 def text_config(model: Any) -> Any:
@@ -50,7 +52,7 @@ def _layer_indices(blocks: Iterable[Any], n_layers: int) -> list[int]:
     out = []
     for b in blocks:
         if isinstance(b, Block):
-            if b.kind != "layer":
+            if b.part != "layer":
                 raise ModelError(f"block {b.name!r} is a {b.kind} half; use remove_sublayers for sublayer blocks")
             b = b.layer
         if isinstance(b, bool) or not isinstance(b, (int,)) and not hasattr(b, "__index__"):
@@ -72,6 +74,13 @@ def _renumber(layers: Any) -> None:
 
 def _update_config(config: Any, n_old: int, keep: list[int], removed: list[int]) -> None:
     new_index = {old: new for new, old in enumerate(keep)}
+    spec = ARCHITECTURES.get(getattr(config, "model_type", "") or "")
+    handled = set(NOT_PER_LAYER)
+    if spec is not None and spec.rewrite is not None:
+        written = spec.rewrite(config, keep)
+        if written is None:
+            raise ModelError(f"the {spec.name or config.model_type} config cannot describe the layers {keep} alone")
+        handled |= set(written)
     original = list(getattr(config, ORIGINAL_KEY, None) or range(n_old))
     if len(original) != n_old:
         original = list(range(n_old))
@@ -83,7 +92,7 @@ def _update_config(config: Any, n_old: int, keep: list[int], removed: list[int])
     if zeroed:
         setattr(config, ZEROED_KEY, [[new_index[int(l)], p] for l, p in zeroed if int(l) in new_index])
     for name, value in list(vars(config).items()):
-        if name in (ORIGINAL_KEY, REMOVED_KEY, ZEROED_KEY) or not isinstance(value, (list, tuple)):
+        if name in (ORIGINAL_KEY, REMOVED_KEY, ZEROED_KEY) or name in handled or not isinstance(value, (list, tuple)):
             continue
         if name in INDEX_LISTS:
             setattr(config, name, type(value)(new_index[int(i)] for i in value if int(i) in new_index))
@@ -92,12 +101,27 @@ def _update_config(config: Any, n_old: int, keep: list[int], removed: list[int])
     config.num_hidden_layers = len(keep)
 
 
+def deletable_layers(config: Any, n_layers: int, removed: list[int]) -> list[int]:
+    """The layers of ``removed`` that can be deleted so that the family's config still describes a model that runs
+    (:func:`cbo.model.families.can_delete_layers`: all of them, but for Jamba's periodic patterns and a hybrid stack's
+    last attention layer), chosen greedily in order."""
+    deleted: list[int] = []
+    for i in removed:
+        trial = set(deleted) | {i}
+        if can_delete_layers(config, [k for k in range(n_layers) if k not in trial]):
+            deleted.append(i)
+    return deleted
+
+
 def remove_blocks(model: Any, blocks: Iterable[Any], *, inplace: bool = False) -> Any:
     """Delete decoder layers.
 
     Deletes from the end first, renumbers ``layer_idx`` of the remaining attention modules, updates
-    ``num_hidden_layers`` and per-layer config lists (``layer_types`` and the like), and records the original
-    indices of the removed layers in ``config.cbo_removed_layers``.
+    ``num_hidden_layers`` and per-layer config lists (``layer_types`` and the like; a family's own fields through
+    :data:`cbo.model.families.ARCHITECTURES`), and records the original indices of the removed layers in
+    ``config.cbo_removed_layers``. A layer whose deletion the family's config cannot describe (Jamba states its
+    layer pattern as periods only) or that is a hybrid stack's last attention layer (transformers' hybrid caches
+    need one) has both of its halves zeroed instead (:func:`remove_sublayers`): the same outputs, one layer more.
 
     Args:
         model: a Hugging Face causal LM (see :func:`cbo.model.blocks.find_blocks`).
@@ -126,6 +150,13 @@ def remove_blocks(model: Any, blocks: Iterable[Any], *, inplace: bool = False) -
         model = copy.deepcopy(model)
         layers, _ = decoder_layers(model)
         config = text_config(model)
+    deleted = deletable_layers(config, n_old, removed)
+    if len(deleted) < len(removed):  # the config cannot describe the rest without these: zero them instead
+        zeroed = [i for i in removed if i not in deleted]
+        remove_sublayers(model, [(i, p) for i in zeroed for p in ("attn", "mlp")], inplace=True, delete=False)
+        removed = deleted
+        if not removed:
+            return model
     for i in sorted(removed, reverse=True):
         del layers[i]
     _renumber(layers)
@@ -174,24 +205,33 @@ class ZeroAttention(nn.Module):
 
 
 class ZeroMLP(nn.Module):
-    """Stands in for a removed MLP: returns zeros of the input's shape."""
+    """Stands in for a removed MLP, mixture of experts or Mamba-style mixer: returns zeros of the input's shape.
+
+    ``kind`` is the kind of what it replaced (``cbo.model.families.module_kind`` reads it), so that the blocks of a pruned
+    model keep their kinds.
+    """
+
+    def __init__(self, kind: str = "mlp"):
+        super().__init__()
+        self.stand_in_kind = kind
 
     def forward(self, hidden_states: Any = None, *args: Any, **kwargs: Any) -> Any:
         if hidden_states is None:
             hidden_states = args[0]
         return torch.zeros_like(hidden_states)
 
+    def extra_repr(self) -> str:
+        return f"kind={self.stand_in_kind}"
+
 
 def _zero_half(model: Any, layer: Any, index: int, part: str) -> None:
     parts = layer_parts(layer, model)
-    if part == "attn":
-        if isinstance(parts["attn"], ZeroAttention):
-            return
-        setattr(layer, parts["attn_name"], ZeroAttention(index))
-    else:
-        if isinstance(parts["mlp"], ZeroMLP):
-            return
-        setattr(layer, parts["mlp_name"], ZeroMLP())
+    for name, module in zip(parts[f"{part}_names"], parts[f"{part}_modules"]):
+        if isinstance(module, (ZeroAttention, ZeroMLP)):
+            continue
+        kind = module_kind(module, "attention" if part == "attn" else "mlp")
+        # an attention module keeps the KV cache's length in step; any other branch returns a tensor of zeros
+        setattr(layer, name, ZeroAttention(index) if kind == "attention" else ZeroMLP(kind))
     for norm in parts[f"{part}_norms"]:  # norms that only served this half carry no signal any more
         setattr(layer, norm, nn.Identity())
 
@@ -200,10 +240,10 @@ def _parse_parts(parts: Iterable[Any]) -> list[tuple[int, str]]:
     out = []
     for item in parts:
         if isinstance(item, Block):
-            if item.kind == "layer":
+            if item.part == "layer":
                 out += [(item.layer, "attn"), (item.layer, "mlp")]
                 continue
-            item = (item.layer, "attn" if item.kind == "attention" else "mlp")
+            item = (item.layer, item.part)
         if isinstance(item, str) and item.count(".") == 2:  # "layers.3.attn"
             _, layer, part = item.split(".")
             item = (int(layer), part)
@@ -211,7 +251,7 @@ def _parse_parts(parts: Iterable[Any]) -> list[tuple[int, str]]:
             raise ModelError(f"sublayer {item!r} must be (layer, 'attn' | 'mlp'), 'layers.L.attn' or a Block")
         layer, part = item
         if part not in PART_ALIASES:
-            raise ModelError(f"unknown sublayer part {part!r}; use 'attn' or 'mlp'")
+            raise ModelError(f"unknown sublayer part {part!r}; use one of {sorted(PART_ALIASES)}")
         out.append((int(layer), PART_ALIASES[part]))
     return out
 
@@ -221,16 +261,19 @@ def zeroed_sublayers(model: Any) -> list[tuple[int, str]]:
     return [(int(l), str(p)) for l, p in (getattr(text_config(model), ZEROED_KEY, None) or [])]
 
 
-def remove_sublayers(model: Any, parts: Iterable[Any], *, inplace: bool = False) -> Any:
-    """Remove attention and/or MLP halves of decoder layers.
+def remove_sublayers(model: Any, parts: Iterable[Any], *, inplace: bool = False, delete: bool = True) -> Any:
+    """Remove mixer (attention, Mamba...) and/or MLP (or MoE) halves of decoder layers.
 
     A removed half is replaced by a module returning zeros of the right shape (its weights and the norms that
     only fed it are dropped) and recorded in ``config.cbo_zeroed_sublayers`` so that
-    :func:`restore_zeroed_sublayers` rebuilds it after loading; a layer whose two halves are both removed is
-    deleted with :func:`remove_blocks`.
+    :func:`restore_zeroed_sublayers` rebuilds it after loading: no family's config can say that one layer has
+    no mixer or no MLP. A layer whose two halves are both removed (or the one mixer of a single-branch layer,
+    Nemotron-H's) is deleted with :func:`remove_blocks`.
 
     Args:
-        parts: ``(layer, "attn" | "mlp")`` pairs, names such as ``"layers.3.attn"``, or sublayer Blocks.
+        parts: ``(layer, "attn" | "mlp")`` pairs (``"mamba"``, ``"mixer"``, ``"moe"`` are aliases), names such as
+            ``"layers.3.attn"`` / ``"layers.3.mamba"``, or sublayer Blocks.
+        delete: False zeroes both halves of such layers instead of deleting them.
 
     Example:
         >>> pruned = remove_sublayers(model, [(3, "attn"), (5, "mlp"), (7, "attn"), (7, "mlp")])  # doctest: +SKIP
@@ -244,12 +287,17 @@ def remove_sublayers(model: Any, parts: Iterable[Any], *, inplace: bool = False)
     gone: dict[int, set[str]] = {}
     for layer, part in zeroed_sublayers(model) + requested:
         gone.setdefault(layer, set()).add(part)
+    for layer, ps in gone.items():
+        if layer_parts(layers[layer], model)["mlp"] is None:  # a single-branch layer: its mixer is the layer
+            ps.add("mlp")
     whole = sorted(l for l, p in gone.items() if p == {"attn", "mlp"})
     if len(whole) >= n:
         raise ModelError(f"cannot remove both halves of all {n} layers; at least one layer must remain")
     if not inplace:
         model = copy.deepcopy(model)
         layers, _ = decoder_layers(model)
+    if not delete:
+        whole = []
     half = sorted((l, p) for l, ps in gone.items() if l not in whole for p in ps)
     for layer, part in half:
         _zero_half(model, layers[layer], layer, part)

@@ -10,9 +10,9 @@ Loading routes:
 
 * ``cbo.load_pruned(path)`` — always works (removed layers, zeroed sublayers, widths, any mix).
 * Plain transformers, layer removal and zeroed sublayers: ``AutoModelForCausalLM.from_pretrained(path)``. A zeroed
-  half is saved as its output projection of zeros (:func:`zeroed_output_projections`): plain transformers
-  rebuilds the half with freshly initialised input weights (it warns they are missing) whose output is exactly
-  zero, so the logits equal the pruned model's; ``load_pruned`` replaces the half by a zero module again.
+  half is saved as zeros of all its weights (:func:`zeroed_half_weights`): plain transformers rebuilds the half,
+  silently, and its output is exactly zero, so the logits equal the pruned model's; ``load_pruned`` replaces the
+  half by a zero module again. ``save_pruned(..., plain_weights="outputs")`` saves the output projections only.
 * Plain transformers, per-layer widths: ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
   The folder carries ``modeling_cbo_pruned.py`` (registered in ``auto_map``), a self-contained file (torch and
   transformers only, no ``cbo``) that subclasses the model's own class and reshapes its modules on construction
@@ -284,7 +284,9 @@ def _causal_lm_class(config: Any) -> type:
         return cls
 
 
-def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kwargs: Any) -> Path:
+def save_pruned(
+    model: Any, path: str | os.PathLike, tokenizer: Any = None, *, plain_weights: str = "all", **kwargs: Any
+) -> Path:
     """Save a model pruned by depth and/or width so that :func:`load_pruned` rebuilds it exactly.
 
     The folder is written through a staging folder beside it (:func:`cbo.files.output_folder`): files of other
@@ -294,6 +296,10 @@ def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kw
         model: a (pruned) Hugging Face causal LM.
         path: output folder (created).
         tokenizer: saved alongside when given.
+        plain_weights: for zeroed halves, ``"all"`` (default) saves all their weights as zeros so that plain
+            ``from_pretrained`` loads the folder silently (disk: the zeroed halves keep their original size);
+            ``"outputs"`` saves only their output projections (smaller; plain transformers warns of the missing
+            weights, the logits are the same). See :func:`zeroed_half_weights`.
         **kwargs: passed to ``save_pretrained``.
 
     Returns:
@@ -302,22 +308,30 @@ def save_pruned(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kw
     from cbo.files import output_folder
 
     with output_folder(path) as staging:
-        write_pruned_folder(model, staging, tokenizer, **kwargs)
+        write_pruned_folder(model, staging, tokenizer, plain_weights=plain_weights, **kwargs)
     return Path(path).expanduser()
 
 
-def zeroed_output_projections(model: Any) -> dict[str, Any]:
-    """Zero weights for the output projection (``o_proj``, ``down_proj``, ...) of every zeroed half, by the
-    state-dict name the unpruned architecture gives it.
+PLAIN_WEIGHTS = ("all", "outputs")
 
-    Saved with the model, they make plain ``AutoModelForCausalLM.from_pretrained`` compute what the pruned model
-    computes: it rebuilds a zeroed half with freshly initialised input weights (and warns that they are missing),
-    but the half's output, its output projection applied to them, is exactly zero. Empty when no half is zeroed
-    or the layers are reshaped (that folder loads through the remote-code class, which zeroes the halves itself).
+
+def zeroed_half_weights(model: Any, plain_weights: str = "all") -> dict[str, Any]:
+    """Zero tensors for the weights of every zeroed half, by the state-dict names the unpruned architecture gives
+    them, so that plain ``AutoModelForCausalLM.from_pretrained`` computes what the pruned model computes.
+
+    Plain transformers rebuilds a zeroed half as the original module, because no family's config can say that a
+    layer has no attention, Mamba mixer or MLP. With ``plain_weights="all"`` every weight of the half (and of the
+    norms only it used) is saved as zeros: the plain load is silent, and the half outputs exactly zero (its output
+    projection is zero). The cost: the zeroed halves take their original size on disk. ``"outputs"`` saves only
+    the output projections (``o_proj``, ``down_proj``, ...): a smaller folder, the same logits, but transformers
+    warns that the other weights are missing and initialises them at random. Empty when no half is zeroed or the
+    layers are reshaped (that folder loads through the remote-code class, which zeroes the halves itself).
     """
     from cbo.model.blocks import decoder_layers, layer_parts
     from cbo.model.structures import attention_structure, mlp_structure
 
+    if plain_weights not in PLAIN_WEIGHTS:
+        raise ModelError(f"plain_weights must be one of {PLAIN_WEIGHTS}, got {plain_weights!r}.")
     zeroed = getattr(text_config_of(model.config), ZEROED_KEY, None) or []
     widths = recorded_widths(model.config)
     if not zeroed or (widths and not _uniform_with_config(widths, model.config)):
@@ -330,27 +344,41 @@ def zeroed_output_projections(model: Any) -> dict[str, Any]:
     dtype = next(model.parameters()).dtype
     out: dict[str, Any] = {}
     for layer, part in zeroed:
-        parts = layer_parts(layers[int(layer)], reference)
-        name = parts["attn_name"] if part == "attn" else parts["mlp_name"]
-        half = parts["attn"] if part == "attn" else parts["mlp"]
-        try:
-            if part == "attn":
-                structure = attention_structure(int(layer), half, reference, prefix=name)
-            else:
-                structure = mlp_structure(int(layer), half, prefix=name)
-            slot = structure.output_projection()
-            module, module_name = slot.module, slot.name.rsplit(".", 1)[0]
-        except ModelError:  # a layout without a known output projection: all its weights zero give zero too
-            module, module_name = half, name
-        prefix = f"{layers_path}.{int(layer)}.{module_name}"
-        for pname, p in module.named_parameters():
-            out[f"{prefix}.{pname}"] = torch.zeros(p.shape, dtype=dtype)
+        layer_module = layers[int(layer)]
+        parts = layer_parts(layer_module, reference)
+        if not parts[f"{part}_modules"]:  # the "MLP half" of a single-branch layer: nothing there
+            continue
+        modules = dict(zip(parts[f"{part}_names"], parts[f"{part}_modules"]))
+        if plain_weights == "all":
+            modules.update({norm: getattr(layer_module, norm) for norm in parts[f"{part}_norms"]})
+        else:
+            name, half = parts[f"{part}_name"], parts[part]
+            try:
+                if part == "attn":
+                    structure = attention_structure(int(layer), half, reference, prefix=name)
+                else:
+                    structure = mlp_structure(int(layer), half, prefix=name)
+                slot = structure.output_projection()
+                modules = {slot.name.rsplit(".", 1)[0]: slot.module}
+            except ModelError:  # a layout without a known output projection: all its weights zero give zero too
+                pass
+        for module_name, module in modules.items():
+            prefix = f"{layers_path}.{int(layer)}.{module_name}"
+            for key, tensor in module.state_dict().items():
+                out[f"{prefix}.{key}"] = torch.zeros(
+                    tensor.shape, dtype=dtype if tensor.is_floating_point() else tensor.dtype
+                )
     return out
 
 
-def save_kwargs_with_zeroed_projections(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``save_pretrained`` keyword arguments whose state dict also holds :func:`zeroed_output_projections`."""
-    zeros = zeroed_output_projections(model)
+def zeroed_output_projections(model: Any) -> dict[str, Any]:
+    """:func:`zeroed_half_weights` with ``plain_weights="outputs"``: the zeroed halves' output projections only."""
+    return zeroed_half_weights(model, "outputs")
+
+
+def save_kwargs_with_zeroed_halves(model: Any, kwargs: dict[str, Any], plain_weights: str = "all") -> dict[str, Any]:
+    """``save_pretrained`` keyword arguments whose state dict also holds :func:`zeroed_half_weights`."""
+    zeros = zeroed_half_weights(model, plain_weights)
     if not zeros:
         return kwargs
     state = dict(kwargs.get("state_dict") or model.state_dict())
@@ -359,7 +387,9 @@ def save_kwargs_with_zeroed_projections(model: Any, kwargs: dict[str, Any]) -> d
     return {**kwargs, "state_dict": state}
 
 
-def write_pruned_folder(model: Any, path: str | os.PathLike, tokenizer: Any = None, **kwargs: Any) -> Path:
+def write_pruned_folder(
+    model: Any, path: str | os.PathLike, tokenizer: Any = None, *, plain_weights: str = "all", **kwargs: Any
+) -> Path:
     """:func:`save_pruned`'s writing, into ``path`` itself."""
     from cbo.model.structures import layer_widths
 
@@ -369,7 +399,7 @@ def write_pruned_folder(model: Any, path: str | os.PathLike, tokenizer: Any = No
         widths = layer_widths(model)
     except ModelError:
         widths = None  # a layout width pruning does not handle: nothing width-pruned to record
-    model.save_pretrained(path, **save_kwargs_with_zeroed_projections(model, kwargs))
+    model.save_pretrained(path, **save_kwargs_with_zeroed_halves(model, kwargs, plain_weights))
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(path)
     config_file = path / "config.json"

@@ -23,7 +23,8 @@ TEXT = [
 def test_blocks_of_a_moe_model(arch):
     model = build_tiny_moe(arch, vocab_size=259)
     blocks = find_blocks(model, "sublayer")
-    assert [b.kind for b in blocks] == ["attention", "mlp"] * 4
+    assert [b.kind for b in blocks] == ["attention", "moe"] * 4
+    assert [b.name for b in blocks][:2] == ["layers.0.attn", "layers.0.moe"]
     layer = model.model.layers[0]
     # the router, every expert, and the norm that only feeds them
     experts = sum(p.numel() for p in [*layer.mlp.parameters(), *layer.post_attention_layernorm.parameters()])

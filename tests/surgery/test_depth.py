@@ -232,7 +232,7 @@ def test_sublayer_blocks_and_bad_parts(tiny_model):
     pruned = remove_sublayers(model, [blocks[1], blocks[2]])
     assert zeroed_sublayers(pruned) == [(0, "mlp"), (1, "attn")]
     with pytest.raises(ModelError, match="unknown sublayer part"):
-        remove_sublayers(model, [(0, "moe")])
+        remove_sublayers(model, [(0, "router")])
     with pytest.raises(ModelError, match="out of range"):
         remove_sublayers(model, [(3, "attn")])
     with pytest.raises(ModelError, match="at least one layer"):

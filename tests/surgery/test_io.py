@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import build_tiny_model, random_token_windows
+from tiny_models import build_tiny_model, random_token_windows, transformers_warnings
 
 from cbo.errors import CorruptFileError
 from cbo.model.structures import layer_widths
@@ -140,6 +140,36 @@ def test_sublayer_folder_loads_with_plain_transformers(arch, tmp_path):
     prompt = random_token_windows(model, n=1, seq_len=5)
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(plain.generate(prompt, **kw), load_pruned(folder).generate(prompt, **kw))
+
+
+def _folder_bytes(folder):
+    return sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_plain_load_of_a_sublayer_folder_is_silent(arch, tmp_path):
+    """Every weight the config asks for is in the folder (zeros for the removed halves): no LOAD REPORT of missing
+    weights; saving only the output projections is smaller and warns. The disk cost: the halves' full size."""
+    import transformers as tf
+
+    model = build_tiny_model(arch, n_layers=4, **({"tie_word_embeddings": True} if arch == "llama" else {}))
+    windows = random_token_windows(model, n=2, seq_len=10)
+    pruned = remove_sublayers(model, [(0, "attn"), (2, "mlp"), (3, "attn")])
+    full, small = (
+        save_pruned(pruned, tmp_path / "all"),
+        save_pruned(pruned, tmp_path / "outputs", plain_weights="outputs"),
+    )
+    with transformers_warnings() as said:
+        plain = tf.AutoModelForCausalLM.from_pretrained(full).eval()
+    assert not [m for m in said if "LOAD REPORT" in m or "MISSING" in m or "initialized" in m], said
+    assert torch.equal(_logits(plain, windows), _logits(pruned, windows))
+    with transformers_warnings() as said:
+        warned = tf.AutoModelForCausalLM.from_pretrained(small).eval()
+    assert any("LOAD REPORT" in m for m in said)  # the check above can fail
+    assert torch.equal(_logits(warned, windows), _logits(pruned, windows))
+    model.save_pretrained(tmp_path / "original")
+    assert _folder_bytes(full) == pytest.approx(_folder_bytes(tmp_path / "original"), rel=0.02)
+    assert _folder_bytes(small) < _folder_bytes(full)
 
 
 def test_save_keeps_foreign_files_and_replaces_only_its_own(tmp_path):
