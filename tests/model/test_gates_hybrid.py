@@ -11,8 +11,8 @@ import pytest
 import torch
 from tiny_models import HYBRID_ARCHS, build_tiny_hybrid, random_token_windows
 
-from cbo.hessian import Gates, gate_blocks, set_gates
 from cbo.model.blocks import find_blocks
+from cbo.model.gates import Gates, gate_blocks, set_gates
 from cbo.pipeline.depth import prune_blocks
 
 TOL = 1e-5

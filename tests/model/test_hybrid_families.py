@@ -20,9 +20,9 @@ from tiny_models import (
 
 from cbo.errors import InfeasibleError
 from cbo.evaluate import evaluate
-from cbo.hessian import gate_blocks, set_gates
 from cbo.model.blocks import find_blocks, resolve_keep
 from cbo.model.families import ARCHITECTURES, kind_parts
+from cbo.model.gates import gate_blocks, set_gates
 from cbo.pipeline import prune_depth
 from cbo.pipeline.inputs import token_splits
 from cbo.surgery.depth import remove_blocks, remove_sublayers, zeroed_sublayers
