@@ -283,7 +283,7 @@ def prune(
                     if tokenizer is not None
                     else ("the pruned model and report.json")
                 )
-            console.print(f"saved {saved} to {plain(out)}")
+                console.print(f"saved {saved} to {plain(out)}")
             if written:
                 console.print(f"wrote {len(written)} plots to {plain(plots)}")
 
