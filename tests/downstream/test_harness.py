@@ -16,7 +16,7 @@ from tiny_tokenizers import byte_level_tokenizer
 from cbo.data.windows import random_windows
 from cbo.downstream.harness import evaluate_tasks, parse_tasks, task_manager, window_loglikelihoods
 from cbo.downstream.local_tasks import CHOICE, CLOZE, TaskSizes, ensure_local_tasks
-from cbo.errors import DataError, UnknownNameError
+from cbo.errors import DataError, InvalidOptionError, UnknownNameError
 from cbo.evaluate import evaluate
 
 pytest.importorskip("lm_eval")
@@ -98,7 +98,7 @@ def test_bad_task_names_fail_before_the_model_runs(tiny_lm, local_tasks_home):
     with pytest.raises(DataError, match="no task names"):
         parse_tasks(" , ")
     assert parse_tasks("austen_cloze, austen_choice,austen_cloze") == [CLOZE, CHOICE]
-    with pytest.raises(DataError, match="batch_size"):
+    with pytest.raises(InvalidOptionError, match="batch_size"):
         evaluate_tasks(model, tokenizer, [CLOZE], batch_size=0)
 
 
