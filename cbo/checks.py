@@ -125,6 +125,13 @@ def check_bool(name: str, value: Any, *, error: type[Exception] = InvalidOptionE
     return value
 
 
+def check_indices(name: str, value: Any, *, error: type[Exception] = InvalidOptionError) -> list[int]:
+    """A list or tuple of integer indices (block indices, positions), as a list of ``int``."""
+    if not isinstance(value, (tuple, list)) or not all(is_int(k) for k in value):
+        raise error(f"{name} must be a list of integer indices (e.g. [0, 3]), got {describe(value)}.")
+    return [int(k) for k in value]
+
+
 def check_seed(name: str, value: Any, *, error: type[Exception] = InvalidOptionError) -> int:
     """A random seed: an integer in 0..2**32-1 (what numpy and torch take from every caller)."""
     return check_int(name, value, 0, MAX_SEED, error=error)

@@ -1,4 +1,5 @@
-"""Progress bars (tqdm), or nothing when progress is off: one place that decides how long jobs report."""
+"""Progress bars (tqdm), or a bar that does nothing when progress is off: one place that decides how long jobs
+report."""
 
 from __future__ import annotations
 
@@ -6,10 +7,40 @@ from collections.abc import Iterable
 from typing import Any
 
 
+class NullBar:
+    """The bar of a job whose progress is off: tqdm's surface (``update``, ``set_postfix``, ``refresh``,
+    ``close``, ``n``, a context manager), doing nothing."""
+
+    n = 0
+    total = None
+
+    def update(self, n: float = 1) -> None:
+        pass
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def set_description(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> NullBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
 def progress_bar(enabled: bool, **kwargs: Any) -> Any:
-    """A tqdm bar that disappears when done (``total=``, ``desc=``, ...), or None when ``enabled`` is False."""
+    """A tqdm bar that disappears when done (``total=``, ``desc=``, ...), or a :class:`NullBar` when ``enabled``
+    is False (callers update and close either without checking)."""
     if not enabled:
-        return None
+        return NullBar()
     from tqdm.auto import tqdm
 
     return tqdm(leave=False, **kwargs)

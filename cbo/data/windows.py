@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cbo.checks import is_int
 from cbo.data import assets
 from cbo.errors import DataError
 from cbo.extras import require
@@ -281,7 +282,7 @@ def model_max_positions(model: Any) -> int | None:
         config = config.get_text_config()
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
         value = getattr(config, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if is_int(value) and value > 0:
             return value
     return None
 

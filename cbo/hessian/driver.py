@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from cbo.checks import check_int
 from cbo.errors import CorruptFileError, DataError, InvalidOptionError
 from cbo.hessian.base import ESTIMATORS, Run
 from cbo.hessian.checkpoint import Checkpoint, ensure_writable_dir
@@ -127,8 +128,7 @@ def estimate_hessian(
     check_loss(loss)
     if loss not in cls.losses:
         raise InvalidOptionError(f"estimator {cls.name!r} supports loss {list(cls.losses)}, not {loss!r}.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    check_int("batch_size", batch_size, 1)
     opts = ESTIMATORS.make_options(cls, options)
     tokens = as_windows(windows, model)
     blocks = resolve_blocks(model, blocks if blocks is not None else granularity)

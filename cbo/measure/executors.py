@@ -28,6 +28,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import CBOError
 
 LOSSES = ("kl", "ce")
@@ -171,8 +172,7 @@ class RayExecutor:
         from cbo.extras import require
 
         ray = require("ray", "the Ray pool of model replicas")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise CBOError(f"workers must be an integer >= 1, got {workers!r}")
+        check_int("workers", workers, 1)
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": max(workers, 1)}
             ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False, **kwargs)

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from cbo.checks import check_int
 from cbo.errors import DataError, InvalidOptionError, ModelError
 from cbo.measure.cache import MeasureCache
 from cbo.measure.replay import PART_MASK, WHOLE, RemovalLosses, parameter_count, removal_events
@@ -178,8 +179,7 @@ class Measurer:
         unit_windows: int | None = None,
         progress: bool = False,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        check_int("batch_size", batch_size, 1)
         if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.shape[0] == 0:
             shape = tuple(windows.shape) if isinstance(windows, torch.Tensor) else type(windows).__name__
             raise DataError(f"windows must be a non-empty (B, T) tensor of token ids, got {shape}.")
@@ -229,8 +229,7 @@ class Measurer:
         """
         keys = self.check_sets(sets)
         n = self.n_windows if windows is None else windows
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.n_windows:
-            raise InvalidOptionError(f"windows must be an integer in 1..{self.n_windows}, got {windows!r}.")
+        check_int("windows", n, 1, self.n_windows)
         values = {m: np.zeros((len(keys), n)) for m in ("kl", "ce", "agree")}
         base_ce = np.zeros(n)
         device = input_device(self.model)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cbo.checks import is_int
 from cbo.errors import InfeasibleError, ModelError
 from cbo.extras import require
 from cbo.model.families import ARCHITECTURES, SUPPORTED, ArchSpec, blocks_of_kind, combined_kind, module_kind
@@ -309,7 +310,7 @@ def resolve_keep(keep: Any, blocks: Any) -> list[int]:
                 )
             out += of_kind or [names.index(k)]
             continue
-        if isinstance(k, bool) or not isinstance(k, str) and not hasattr(k, "__index__"):
+        if not isinstance(k, str) and not is_int(k):
             raise InfeasibleError(f"keep lists blocks by index or name, got {k!r} of type {type(k).__name__}.")
         i = int(k)
         if not 0 <= i < len(blocks):

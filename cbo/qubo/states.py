@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from cbo.checks import is_int
 from cbo.errors import CorruptFileError, SolverError
 from cbo.jsonable import jsonable
 
@@ -269,13 +270,13 @@ class RankedStates:
 
 def edited_states_reason(n: int, remove: Any, removed: Any, energies: np.ndarray) -> str | None:
     """Why saved ranked states cannot be a solver's output (None when they can)."""
-    if isinstance(remove, bool) or not isinstance(remove, int) or not 0 <= remove <= n:
+    if not is_int(remove) or not 0 <= remove <= n:
         return f"remove={remove!r} is not a block count in 0..{n}"
     if not isinstance(removed, list) or len(removed) != len(energies):
         return f"'removed' must list one state per energy ({len(energies)})"
     seen = set()
     for r, rem in enumerate(removed):
-        ok = isinstance(rem, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in rem)
+        ok = isinstance(rem, list) and all(is_int(i) for i in rem)
         if not ok or any(not 0 <= i < n for i in rem):
             return f"state {r} ({str(rem)[:60]}) holds block indices outside 0..{n - 1}"
         if len(set(rem)) != remove:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cbo.checks import check_float, check_int, check_seed
 from cbo.data.windows import check_windows, data_hash, model_vocab_size
 from cbo.errors import CorruptFileError, DataError, InvalidOptionError, ModelError
 from cbo.extras import require
@@ -82,30 +83,16 @@ class HealOptions:
     def validate(self) -> None:
         """Raise :class:`InvalidOptionError` (or :class:`MissingExtraError` for LoRA without peft) on a bad option."""
 
-        def integer(name: str, low: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise InvalidOptionError(f"heal {name} must be an integer >= {low}, got {v!r}")
-
-        def positive(name: str, allow_zero: bool = False) -> None:
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not ok or v < 0 or (v == 0 and not allow_zero):
-                raise InvalidOptionError(f"heal {name} must be a number {'>=' if allow_zero else '>'} 0, got {v!r}")
-
         for name, choices in (("method", METHODS), ("loss", LOSSES), ("schedule", SCHEDULES)):
             if getattr(self, name) not in choices:
                 raise InvalidOptionError(f"unknown heal {name} {getattr(self, name)!r}; use one of {list(choices)}")
-        integer("steps", 0)
-        integer("batch_size", 1)
-        integer("warmup", 0)
-        integer("seed", 0)
-        integer("lora_rank", 1)
-        positive("lr")
-        positive("temperature")
-        positive("lora_alpha")
-        positive("weight_decay", allow_zero=True)
-        positive("grad_clip", allow_zero=True)
+        for name, low in (("steps", 0), ("batch_size", 1), ("warmup", 0), ("lora_rank", 1)):
+            check_int(f"heal {name}", getattr(self, name), low)
+        check_seed("heal seed", self.seed)
+        for name in ("lr", "temperature", "lora_alpha"):
+            check_float(f"heal {name}", getattr(self, name), 0, lo_open=True)
+        for name in ("weight_decay", "grad_clip"):
+            check_float(f"heal {name}", getattr(self, name), 0)
         if self.warmup > self.steps:
             raise InvalidOptionError(f"heal warmup ({self.warmup}) must not exceed steps ({self.steps})")
         if self.method == "lora":
@@ -415,8 +402,7 @@ def heal(
     )
     if opts.loss == "kd" and teacher is None:
         raise InvalidOptionError("loss='kd' distils from a teacher; pass the unpruned model as teacher, or loss='lm'")
-    if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or int(checkpoint_every) < 1):
-        raise InvalidOptionError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    check_int("checkpoint_every", checkpoint_every, 1, none_ok=True)
     if resume and checkpoint_dir is None:
         raise InvalidOptionError("resume=True needs the checkpoint_dir of the heal to continue")
     windows = check_windows(windows, student)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import is_int
 from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters, kl_to_reference, perplexity, reference_logits
 from cbo.extras import require
@@ -69,7 +70,7 @@ def proposed_layer(proposer: DepthProposer | None, model: Any, calibration: Any)
     if layer is None:
         return None
     n = len(decoder_layers(model)[0])
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
+    if not is_int(layer) or not 0 <= int(layer) < n:
         raise InvalidOptionError(
             f"depth proposer {proposer_name(proposer)!r} returned {layer!r}; it must return a layer index in "
             f"0..{n - 1} or None"

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import check_int, is_number
 from cbo.errors import SolverError, SolverOptionError
 from cbo.extras import require
 from cbo.qubo.block_qubo import BlockQUBO
@@ -79,17 +80,11 @@ class RayBackend:
 
     def __post_init__(self) -> None:
         for name in ("workers", "num_cpus"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise SolverOptionError(f"ray backend: {name} must be an integer >= 1 or None, got {v!r}.")
-        if isinstance(self.ready_timeout, bool) or not (
-            isinstance(self.ready_timeout, (int, float)) and self.ready_timeout > 0
-        ):
+            check_int(f"ray backend: {name}", getattr(self, name), 1, none_ok=True, error=SolverOptionError)
+        if not is_number(self.ready_timeout) or not self.ready_timeout > 0:
             raise SolverOptionError(f"ray backend: ready_timeout must be > 0 seconds, got {self.ready_timeout!r}.")
         for name in ("worker_threads", "chunks_per_worker", "split"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise SolverOptionError(f"ray backend: {name} must be an integer >= 1, got {v!r}.")
+            check_int(f"ray backend: {name}", getattr(self, name), 1, error=SolverOptionError)
 
 
 #: What the ``enumerate`` solver's ``backend_options`` build with ``backend="ray"``.

@@ -26,6 +26,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from cbo.checks import check_float
 from cbo.errors import SolverOptionError
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
@@ -75,11 +76,7 @@ class EnumerateSolver(Solver):
 
         def validate(self) -> None:
             super().validate()
-            if self.alpha is not None and not (
-                isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and math.isfinite(self.alpha)
-                and self.alpha > 0
-            ):  # fmt: skip
-                raise SolverOptionError(f"alpha must be a number > 0 (e.g. 0.05) or None, got {self.alpha!r}.")
+            check_float("alpha", self.alpha, 0, lo_open=True, none_ok=True, error=SolverOptionError, hint="E.g. 0.05.")
             if dataclasses.is_dataclass(self.backend) and not isinstance(self.backend, type):
                 ray = backend_module("ray")
                 if not isinstance(self.backend, ray.BACKEND_OPTIONS):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cbo.checks import check_choice
 from cbo.model.structures import gather_units
-from cbo.width.scores.base import Key, WidthScore, check_choice, register
+from cbo.width.scores.base import Key, WidthScore, register
 
 
 @register
