@@ -177,3 +177,12 @@ def test_an_existing_output_file_is_replaced_only_with_overwrite(tmp_path):
         res = _run(*args, "--overwrite")
         assert res.exit_code == 0, res.output
         assert out.read_bytes() != b"old"
+
+
+@pytest.mark.parametrize("command", ["prune", "hessian"])
+def test_the_cache_option_says_what_the_cache_holds(command):
+    """The cache holds measured losses and refine checkpoints beside the Hessians; --cache's help says so."""
+    res = _run(command, "--help")
+    assert res.exit_code == 0
+    text = " ".join(res.output.replace("│", " ").split())
+    assert "Hessians and their checkpoints, measured losses and refine checkpoints" in text

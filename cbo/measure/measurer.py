@@ -8,14 +8,14 @@ blocks share the computation up to their first difference; layers and attention/
 :class:`~cbo.measure.cache.MeasureCache` on disk keeps every measured value, so a rerun or an
 interrupted job measures only what is new.
 
-Work is counted in forward-pass equivalents (:class:`Work`): decoder-layer calls, head runs and full passes,
+Work is counted in forward-pass equivalents (FPE, :class:`Work`): decoder-layer calls, head runs and full passes,
 each weighted by the parameters it runs, relative to one full forward of the model over the measurer's
 windows (or over ``unit_windows`` windows). Measuring a set of deep layers costs a fraction of one.
 
 Example:
     >>> m = Measurer(model, find_blocks(model), splits.validation)      # doctest: +SKIP
     >>> out = m.losses([(3, 7), (20, 21)], windows=8)                   # doctest: +SKIP
-    >>> out.mean("kl"), m.work.forward_equivalents                      # doctest: +SKIP
+    >>> out.mean("kl"), m.work.fpe                                      # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class Work:
         layer_calls: decoder-layer calls (each on one batch); ``head_runs``: runs of the final norm and head.
         full_passes: full gated forward passes (for models that cannot be replayed).
         original_passes: passes of the original model (teacher and recorded streams), at most one per batch.
-        forward_equivalents: everything above, relative to one full forward over the unit windows.
+        fpe: everything above in forward-pass equivalents, relative to one full forward over the unit windows (the
+            project's one cost unit; ``Measurements.fpe`` counts the same).
     """
 
     sets: int = 0
@@ -56,7 +57,7 @@ class Work:
     head_runs: int = 0
     full_passes: int = 0
     original_passes: int = 0
-    forward_equivalents: float = 0.0
+    fpe: float = 0.0
 
     def __add__(self, other: Work) -> Work:
         return Work(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -66,20 +67,8 @@ class Work:
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["forward_equivalents"] = round(self.forward_equivalents, 4)
+        out["fpe"] = round(self.fpe, 4)
         return out
-
-    def calls(self) -> dict[str, Any]:
-        """The work in the words of :func:`measure_sets`: ``layer_calls``, ``tail_calls`` (head runs),
-        ``full_calls``, ``original_calls``, ``measured`` (sets not found in the cache), ``forward_equivalents``."""
-        return {
-            "layer_calls": self.layer_calls,
-            "tail_calls": self.head_runs,
-            "full_calls": self.full_passes,
-            "original_calls": self.original_passes,
-            "measured": self.sets,
-            "forward_equivalents": self.forward_equivalents,
-        }
 
 
 def batch_work(meter: RemovalLosses, rows: int, unit_windows: int) -> Work:
@@ -288,14 +277,13 @@ def measure_sets(
     """Per-sequence losses of every removal set over all windows (a one-shot :class:`Measurer`).
 
     Returns:
-        ``{"kl", "ce", "agree": (n_sets, B), "base_ce": (B,)}`` and the work done: ``layer_calls``,
-        ``tail_calls`` (head runs), ``full_calls`` (full gated passes), ``original_calls`` (original passes, at
-        most one per batch), ``measured`` (set-batch measurements not found in the cache) and
-        ``forward_equivalents`` (relative to one forward over all the windows).
+        ``{"kl", "ce", "agree": (n_sets, B), "base_ce": (B,), "work": Work}``: the losses, and the work done
+        (its ``fpe`` relative to one forward over all the windows; ``sets``: set-batch measurements not found in
+        the cache).
     """
     measurer = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, prefix=prefix, retain=False)
     out = measurer.losses(sets)
-    return {"kl": out.kl, "ce": out.ce, "agree": out.agreement, "base_ce": out.base_ce, **measurer.work.calls()}
+    return {"kl": out.kl, "ce": out.ce, "agree": out.agreement, "base_ce": out.base_ce, "work": measurer.work}
 
 
 __all__ = ["MeasureCache", "Measurer", "RemovalLosses", "SetLosses", "Work", "measure_sets"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -42,6 +43,8 @@ from cbo.checks import check_float, check_int, check_seed
 from cbo.data.windows import check_windows, data_hash, model_vocab_size
 from cbo.errors import CorruptFileError, DataError, InvalidOptionError, ModelError
 from cbo.extras import require
+from cbo.files import CheckpointFile, atomic_write_text, record_written
+from cbo.model.forward import input_device
 from cbo.model.structures import model_structures
 
 torch = require("torch", "recovery fine-tuning")
@@ -154,7 +157,8 @@ class HealResult:
         from cbo.surgery.io import save_pruned
 
         folder = save_pruned(self.model, path, tokenizer)
-        (folder / "heal.json").write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        atomic_write_text(folder / "heal.json", json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        record_written(folder, [folder / "heal.json"])
         return folder
 
 
@@ -240,32 +244,28 @@ def check_heal_options(steps: int, method: str = "lora", **options: Any) -> Heal
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-class Checkpoint:
+class Checkpoint(CheckpointFile):
     """The resumable state of one heal in a folder (one file, replaced atomically)."""
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
-        self.file = self.folder / CHECKPOINT_FILE
-
-    def exists(self) -> bool:
-        return self.file.is_file()
+        super().__init__(self.folder / CHECKPOINT_FILE)
 
     def load(self) -> dict[str, Any]:
         try:
-            state = torch.load(self.file, map_location="cpu", weights_only=False)
+            state = torch.load(io.BytesIO(self.read() or b""), map_location="cpu", weights_only=False)
         except Exception as exc:  # a truncated or foreign file: say which, and what to do
             raise CorruptFileError(
-                f"cannot read the heal checkpoint {str(self.file)!r} ({exc}); delete it to start afresh"
+                f"cannot read the heal checkpoint {str(self.path)!r} ({exc}); delete it to start afresh"
             ) from exc
         if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
-            raise CorruptFileError(f"{str(self.file)!r} is not a heal checkpoint of version {CHECKPOINT_VERSION}")
+            raise CorruptFileError(f"{str(self.path)!r} is not a heal checkpoint of version {CHECKPOINT_VERSION}")
         return state
 
     def save(self, state: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        torch.save({"version": CHECKPOINT_VERSION, **state}, tmp)
-        os.replace(tmp, self.file)
+        buf = io.BytesIO()
+        torch.save({"version": CHECKPOINT_VERSION, **state}, buf)
+        self.write(buf.getvalue())
 
     def check(self, state: dict[str, Any], fingerprint: dict[str, Any], steps: int) -> None:
         """Refuse a checkpoint of another heal, or one already past ``steps``."""
@@ -429,7 +429,7 @@ def heal(
             )
         state = ckpt.load()
         ckpt.check(state, fingerprint, steps)
-    device = next(student.parameters()).device
+    device = input_device(student)
     # the heal's own random stream (LoRA's initial adapters, dropout), seeded or restored; the caller's is untouched
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(opts.seed)
@@ -454,7 +454,7 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
     """The training loop of :func:`heal`: returns ``(model, losses, resumed_from, seconds)``."""
     steps = opts.steps
     every = int(checkpoint_every) if checkpoint_every is not None else max(1, math.ceil(steps / 10))
-    device = next(student.parameters()).device
+    device = input_device(student)
     was_training = student.training
     trainable = _Trainable(student, opts)
     params = [p for _, p in trainable.named]
@@ -502,7 +502,7 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
             logits = trainable.model(input_ids=batch, use_cache=False).logits
             if opts.loss == "kd":
                 with torch.no_grad():
-                    target = teacher(input_ids=batch.to(next(teacher.parameters()).device), use_cache=False).logits
+                    target = teacher(input_ids=batch.to(input_device(teacher)), use_cache=False).logits
                 value = kd_loss(logits, target.to(logits.device), opts.temperature)
             else:
                 value = next_token_loss(logits, batch)

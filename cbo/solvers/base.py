@@ -261,6 +261,10 @@ def solve(
 ) -> RankedStates:
     """The ``k`` lowest-energy states that remove exactly ``remove`` blocks.
 
+    Ctrl-C (SIGINT) while a solver runs in the main thread makes it stop and return its best states so
+    far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
+    Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
+
     Args:
         qubo: the energy and its constraints.
         remove: M, the number of blocks to remove.
@@ -277,9 +281,8 @@ def solve(
             problem), and (as ``auto``, which passes them on) ``backend="ray"`` (enumeration sharded over
             Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
 
-    Ctrl-C (SIGINT) while a solver runs in the main thread makes it stop and return its best states so
-    far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
-    Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
+    Returns:
+        :class:`RankedStates`: the states by increasing energy, with the solver's record (``exact``, ``info``).
 
     Example:
         >>> import numpy as np, cbo

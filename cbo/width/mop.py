@@ -36,6 +36,7 @@ from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters, kl_to_reference, perplexity, reference_logits
 from cbo.extras import require
 from cbo.model.blocks import decoder_layers, find_blocks
+from cbo.model.forward import input_device, window_batches
 from cbo.recovery.finetune import RECOVERY, recover
 from cbo.surgery.depth import ORIGINAL_KEY, remove_blocks, text_config
 from cbo.width.allocate import check_ratio
@@ -142,9 +143,9 @@ class PathCriterion:
     def final_hidden(self, model: Any) -> Any:
         """The last hidden states of ``model`` on the control windows."""
         out = []
-        device = next(model.parameters()).device
-        for i in range(0, self.control.shape[0], self.batch_size):
-            batch = self.control[i : i + self.batch_size].to(device)
+        device = input_device(model)
+        for _, batch in window_batches(self.control, self.batch_size):
+            batch = batch.to(device)
             out.append(
                 model(input_ids=batch, output_hidden_states=True, use_cache=False).hidden_states[-1].float().cpu()
             )
