@@ -243,7 +243,9 @@ def test_one_checkpoint_writer_one_null_bar_one_device_helper():
             renames.append(name)
     assert len(checkpoints) >= 3 and all(bases == ["CheckpointFile"] for bases in checkpoints.values()), checkpoints
     assert bars == ["cbo/progress.py:NullBar"] and renames == []
-    assert [d for d in devices if d.endswith((":model_device", ":input_device"))] == ["cbo/model/forward.py:input_device"]
+    assert [d for d in devices if d.endswith((":model_device", ":input_device"))] == [
+        "cbo/model/forward.py:input_device"
+    ]
 
 
 DOC_SECTION = re.compile(

@@ -78,15 +78,17 @@ class RankedStates:
         remove: int,
         k: int,
         *,
-        solver: str,
-        exact: bool,
-        wall_time: float = 0.0,
-        options: Mapping[str, Any] | None = None,
         info: Mapping[str, Any] | None = None,
+        **record: Any,
     ) -> RankedStates:
         """Keep feasible candidates, drop duplicates, recompute energies, sort, take the best k.
 
         Ties in energy are ordered by the removed-block indices so results are deterministic.
+
+        Args:
+            info: the solver's info; ``candidates`` and ``feasible_candidates`` (counts) are added.
+            **record: the rest of the solver's record as :class:`RankedStates` takes it (``solver``, ``exact``,
+                ``wall_time``, ``options``).
         """
         X = np.asarray(candidates, dtype=np.uint8).reshape(-1, qubo.n)
         n_in = X.shape[0]
@@ -104,17 +106,7 @@ class RankedStates:
         info = dict(info or {})
         info.setdefault("candidates", int(n_in))
         info.setdefault("feasible_candidates", int(n_feasible))
-        return cls(
-            X,
-            E,
-            names=qubo.names,
-            remove=remove,
-            solver=solver,
-            exact=exact,
-            wall_time=wall_time,
-            options=options,
-            info=info,
-        )
+        return cls(X, E, names=qubo.names, remove=remove, info=info, **record)
 
     # ----------------------------------------------------------------- views
     def __len__(self) -> int:

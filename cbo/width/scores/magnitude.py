@@ -14,7 +14,7 @@ class MagnitudeScore(WidthScore):
     """``Σ|w|`` (``norm="l1"``) or ``sqrt(Σ w²)`` (``norm="l2"``) over a unit's weights (biases excluded)."""
 
     name = "magnitude"
-    aliases = ("mag", "l1")
+    aliases = ("mag",)  # no "l1": a name that promised one norm while norm="l2" computed the other
     description = "norm of the unit's weights; data-free baseline"
     finalize_options = ("norm",)
     needs_data = False
