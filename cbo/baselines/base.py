@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from cbo.baselines.ranking import Ranking, check_caps, check_count
-from cbo.checks import check_int
+from cbo.checks import blocks_where, check_in_range, check_int
 from cbo.errors import DataError, InfeasibleError, InvalidOptionError, ModelError, UnknownNameError
 from cbo.progress import progress_bar
 from cbo.registry import Registry
@@ -235,11 +235,12 @@ def rank_blocks(
     keep_idx = keep_indices(keep, blocks)
     caps = check_caps(caps, [b.kind for b in blocks])
     free = len(blocks) - len(keep_idx) - (0 if keep_idx else 1)  # something must remain
-    steps = free if max_remove is None else check_count(max_remove, "max_remove")
-    if not 1 <= steps <= free:
-        raise InfeasibleError(
-            f"max_remove={steps} is out of range; {len(blocks)} blocks, {len(keep_idx)} kept: use 1..{free}."
-        )
+    where = blocks_where("model", len(blocks), len(keep_idx))
+    if free < 1:
+        raise InfeasibleError(f"nothing can be removed: {where}. Keep fewer blocks (keep= / --keep).")
+    if max_remove is not None:
+        free = check_in_range("max_remove", max_remove, 1, free, where, error=InfeasibleError)
+    steps = free
     cache = None
     if cache_dir is not None:
         from cbo.measure.measurer import MeasureCache

@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
-from cbo.checks import check_choice, check_float, check_indices, check_int
+from cbo.checks import blocks_where, check_choice, check_float, check_in_range, check_indices, check_int
 from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.gram import add_gram, gram_state
@@ -249,8 +249,7 @@ class TargetedOptions(HybridEstimator.Options):
         if bad:
             raise InfeasibleError(f"keep indices {bad} are out of range 0..{n - 1}.")
         upper = n - len(keep) if keep else n - 1
-        if m > upper:
-            raise InfeasibleError(f"remove={m} is out of range for {n} blocks with {len(keep)} kept; use 1..{upper}.")
+        check_in_range("remove", m, 1, upper, blocks_where("model", n, len(keep)), error=InfeasibleError)
         return m, keep
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from cbo.checks import check_int, is_int
+from cbo.checks import blocks_where, check_in_range, check_int, is_int
 from cbo.errors import CorruptFileError, InfeasibleError, InvalidQUBOError
 from cbo.files import archive_checksum, read_archive, write_archive
 
@@ -267,15 +267,8 @@ class BlockQUBO:
     def check_remove(self, remove: int) -> None:
         """Raise a clear error when no state with Σx = ``remove`` can satisfy the constraints."""
         c = self.constraints
-        if not is_int(remove):
-            raise InfeasibleError(f"remove (M) must be an integer, got {remove!r}.")
-        remove = int(remove)
-        free_max = self.n - len(c.keep)
-        if remove < 0 or remove > free_max:
-            raise InfeasibleError(
-                f"remove={remove} is out of range: with {self.n} blocks and {len(c.keep)} kept, "
-                f"M must be in 0..{free_max}."
-            )
+        where = blocks_where("QUBO", self.n, len(c.keep))
+        remove = check_in_range("remove", remove, 0, self.n - len(c.keep), where, error=InfeasibleError)
         if remove < len(c.force):
             raise InfeasibleError(
                 f"remove={remove} is smaller than the {len(c.force)} forced blocks; use M >= {len(c.force)}."
