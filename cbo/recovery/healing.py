@@ -34,6 +34,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -370,7 +371,8 @@ def heal(
         weight_decay / grad_clip: AdamW's decoupled weight decay; maximum gradient norm (0: none).
         checkpoint_dir: folder of the resumable state (None: no checkpoints).
         checkpoint_every: steps between checkpoints (default a tenth of ``steps``).
-        resume: continue from the checkpoint in ``checkpoint_dir`` (a fresh start when there is none).
+        resume: continue from the checkpoint in ``checkpoint_dir`` (a fresh start, with a warning, when there is
+            none).
         seed: decides the batch order.
         progress: a progress bar with the running loss.
         on_step: called as ``on_step(step, loss)`` after every step (1-based).
@@ -429,6 +431,10 @@ def heal(
             )
         state = ckpt.load()
         ckpt.check(state, fingerprint, steps)
+    elif resume:
+        warnings.warn(
+            f"resume=True, but {str(ckpt.folder)!r} holds no heal checkpoint; training from step 0.", stacklevel=2
+        )
     device = input_device(student)
     # the heal's own random stream (LoRA's initial adapters, dropout), seeded or restored; the caller's is untouched
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
