@@ -36,13 +36,26 @@ class NullBar:
         pass
 
 
-def progress_bar(enabled: bool, **kwargs: Any) -> Any:
+# work whose pieces differ widely in size (the enumerator's tasks: a pruned subtree may take a microsecond or most
+# of the run, and the first one pays the kernels' compilation): tqdm's rate-based ETA is meaningless there (it showed
+# two hours for a solve of seconds), so such a bar shows the count and the elapsed time only
+NO_ETA_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} |{bar}| {elapsed}{postfix}"
+
+
+def progress_bar(enabled: bool, *, eta: bool = True, **kwargs: Any) -> Any:
     """A tqdm bar that disappears when done (``total=``, ``desc=``, ...), or a :class:`NullBar` when ``enabled``
-    is False (callers update and close either without checking)."""
+    is False (callers update and close either without checking).
+
+    Args:
+        eta: show tqdm's estimate of the time left; False for work of very unequal pieces (see
+            :data:`NO_ETA_FORMAT`).
+    """
     if not enabled:
         return NullBar()
     from tqdm.auto import tqdm
 
+    if not eta:
+        kwargs.setdefault("bar_format", NO_ETA_FORMAT)
     return tqdm(leave=False, **kwargs)
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from cbo.checks import check_int, is_number
 from cbo.errors import SolverError, SolverOptionError
 from cbo.extras import require
+from cbo.progress import progress_bar
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.solvers.base import Problem, SolverOutput
 from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
@@ -420,13 +421,8 @@ def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBac
     interrupted = timed_out = failed = False
     t_loaded = time.perf_counter()
     done = 0
-    bar = None
-    if problem.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=n_tasks, unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False, dynamic_ncols=True
-        )
+    desc = f"enumerate C({plan.n},{plan.r}) on Ray"
+    bar = progress_bar(problem.progress, eta=False, total=n_tasks, unit="tasks", desc=desc, dynamic_ncols=True)
     totals = {"nodes": 0, "states": 0, "pruned": 0}
     cpu: dict[int, float] = {}  # CPU seconds of each worker process
 
@@ -449,8 +445,7 @@ def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBac
         timed_out |= bool(out["timed_out"])
         interrupted |= bool(out["interrupted"])
         cpu[out["pid"]] = cpu.get(out["pid"], 0.0) + float(out["cpu_s"])
-        if bar is not None:
-            bar.update(out["done"])
+        bar.update(out["done"])
 
     def submit(actor: Any) -> None:
         tasks = pending.pop(0)
@@ -498,8 +493,7 @@ def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBac
             for ref in ready:
                 collect(ref)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         if not (interrupted or failed):
             info["board_offers"] = int(ray.get(board.count.remote()))
         for actor in temporary:

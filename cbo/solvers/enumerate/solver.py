@@ -28,6 +28,7 @@ import numpy as np
 
 from cbo.checks import check_float
 from cbo.errors import SolverOptionError
+from cbo.progress import progress_bar
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
 from cbo.solvers.enumerate.relaxation_run import enumerate_by_relaxation
@@ -146,23 +147,19 @@ def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
         seeds = run_heuristic(problem).candidates
     plan = plan_enumeration(problem, opts, seeds=seeds)
     nth = int(opts.threads) if opts.threads is not None else numba.get_num_threads()
-    bar = None
-    if problem.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({n},{r})", leave=False, dynamic_ncols=True)
+    desc = f"enumerate C({n},{r})"
+    bar = progress_bar(problem.progress, eta=False, total=len(plan.tasks), unit="tasks", desc=desc, dynamic_ncols=True)
     try:
         res = enumerate_tasks(
             plan,
             threads=nth,
             batch_seconds=opts.batch_seconds,
             time_left=problem.time_left,
-            progress=None if bar is None else bar.update,
+            progress=bar.update if problem.progress else None,
             stop=lambda: problem.interrupted,
         )
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     E, S = merge_task_results(plan, [res])
     info = dict(plan.info)
     if seeds is not None:
