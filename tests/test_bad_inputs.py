@@ -281,6 +281,23 @@ def row_remove_out_of_range_says_one_rule(folder, monkeypatch, tmp_path):
             baselines.rank_blocks("block_influence", model, torch.zeros(2, 8, dtype=torch.long), max_remove=m)
 
 
+def row_window_counts_name_their_option(folder, monkeypatch, tmp_path):
+    """`cbo hessian --n-calibration 0` names the option before the model loads (it loaded the model, cut windows and
+    said "window counts must be >= 0 and not all 0"); make_splits names the option of a bad count too."""
+    import cbo.model.loading
+
+    path, text, model, tok = folder
+    with monkeypatch.context() as m:
+        m.setattr(cbo.model.loading, "load_model", _forbid)
+        res = _cli("hessian", str(path), "-o", str(tmp_path / "q.cboq"), "--text", str(text), "--n-calibration", "0")
+    assert res.exit_code == 2 and not isinstance(res.exception, WorkStarted), res.output
+    assert "n_calibration (calibration windows, --n-calibration) must be an integer >= 1, got 0" in res.output
+    for kwargs, match in (({"n_validation": -1}, r"n_validation \(validation windows, --n-validation\)"),
+                          ({"n_calibration": 0, "n_validation": 0}, "are all 0: ask for at least one window")):  # fmt: skip
+        with pytest.raises(DataError, match=match):
+            make_splits(tok, str(text), **{"seq_len": 16, "n_calibration": 2, "n_validation": 2, "n_test": 0, **kwargs})
+
+
 ROWS = [v for k, v in sorted(globals().items()) if k.startswith("row_")]
 
 
