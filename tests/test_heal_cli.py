@@ -72,7 +72,7 @@ def test_bad_input_is_refused_before_any_work(folders, tmp_path):
         (["--steps", "-1"], "steps must be an integer >= 0"),
         (["--steps", "2", "--batch-size", "0"], "batch_size must be an integer >= 1"),
         (["--steps", "2", "--schedule", "wobbly"], "unknown heal schedule 'wobbly'"),
-        (["--steps", "2", "--lr", "0"], "lr must be a number > 0"),
+        (["--steps", "2", "--lr", "0"], "lr must be a finite number > 0"),
     ]
     for extra, message in cases:
         res = runner.invoke(app, heal_args(folders, tmp_path / "o", *extra))
