@@ -107,7 +107,7 @@ class Meter:
             "tail_calls": w.head_runs,
             "original_calls": w.original_passes,
             "measured": w.sets,
-            "forward_equivalents": round(w.forward_equivalents, 2),
+            "forward_equivalents": round(w.fpe, 2),
         }
 
     def __call__(self, sets: list) -> list[dict[str, float]]:
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "backward_passes": meta.get("backward_passes"),
                         "set_evaluations": meta.get("set_evaluations"),
                         "layer_calls": meta.get("layer_calls"),
-                        "forward_equivalents": meta.get("forward_equivalents"),
+                        "forward_equivalents": meta.get("fpe"),
                         "wall_time_s": meta.get("wall_time_s"),
                         "wall_time_this_run_s": round(wall, 2),
                     },

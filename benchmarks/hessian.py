@@ -144,8 +144,8 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
     if q is not None:
         out["forward_passes"] = q.metadata["forward_passes"]
         out["backward_passes"] = q.metadata["backward_passes"]
-        if "forward_equivalents" in q.metadata:  # measured removals share prefixes: their work in full passes
-            out["forward_equivalents"] = q.metadata["forward_equivalents"]
+        if "fpe" in q.metadata:  # measured removals share prefixes: their work in full passes
+            out["forward_equivalents"] = q.metadata["fpe"]
     if name == "pairwise@subset":
         n_sub = len(blocks)
         out["passes_measured"] = 1 + n_sub + n_sub * (n_sub - 1) // 2

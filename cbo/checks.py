@@ -118,11 +118,35 @@ def check_choice(name: str, value: Any, choices: Iterable[Any], *, error: type[E
     return value
 
 
+def blocks_where(what: str, n: int, kept: int = 0) -> str:
+    """The words for what limits a block count: ``"the model has 6 blocks, 2 of them kept"``."""
+    return f"the {what} has {n} blocks" + (f", {kept} of them kept" if kept else "")
+
+
+def check_in_range(
+    name: str, value: Any, lo: int, hi: int, where: str, *, error: type[Exception] = InvalidOptionError
+) -> int:
+    """``int(value)`` when it is an integer in ``lo..hi``, else ``error`` with the one message of a count out of range:
+    ``"remove=30 is out of range: the model has 6 blocks; use 1..5."`` (``where``: what sets the range, e.g.
+    :func:`blocks_where`). The same words for every wrong value, however far off."""
+    value = check_int(name, value, error=error)
+    if not lo <= value <= hi:
+        raise error(f"{name}={value} is out of range: {where}; use {lo}..{hi}.")
+    return value
+
+
 def check_bool(name: str, value: Any, *, error: type[Exception] = InvalidOptionError) -> bool:
     """``value`` when it is True or False (not 0, 1 or "yes"), else ``error``."""
     if not isinstance(value, bool):
         raise error(f"{name} must be True or False, got {describe(value)}.")
     return value
+
+
+def check_indices(name: str, value: Any, *, error: type[Exception] = InvalidOptionError) -> list[int]:
+    """A list or tuple of integer indices (block indices, positions), as a list of ``int``."""
+    if not isinstance(value, (tuple, list)) or not all(is_int(k) for k in value):
+        raise error(f"{name} must be a list of integer indices (e.g. [0, 3]), got {describe(value)}.")
+    return [int(k) for k in value]
 
 
 def check_seed(name: str, value: Any, *, error: type[Exception] = InvalidOptionError) -> int:

@@ -68,6 +68,49 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+class CheckpointFile:
+    """The one writer of resumable state (Hessian estimates, heals, searches): one file, replaced atomically after
+    each finished step, so an interrupt leaves the previous step's state whole; deleted when the work is done.
+
+    Subclasses encode their state to bytes and decode it back; a file that cannot be decoded or belongs to another
+    run is reported with :meth:`starting_over` (a warning naming the file), or refused where resuming matters.
+
+    Example:
+        >>> ck = CheckpointFile(tmp / "run.ckpt")          # doctest: +SKIP
+        >>> ck.write(b"state"); ck.read()                  # doctest: +SKIP
+        b'state'
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def write(self, data: bytes) -> None:
+        """Replace the file with ``data`` (its folder is created when missing)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.path, data)
+
+    def read(self) -> bytes | None:
+        """The file's bytes, or None when there is none."""
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def delete(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def starting_over(self, reason: str, detail: Any = None, stacklevel: int = 4) -> None:
+        """Warn that this checkpoint is not used (``reason``: ``"unreadable"``, ``"another run's"``) and that the
+        work starts over."""
+        import warnings
+
+        more = f" ({detail})" if detail is not None else ""
+        warnings.warn(f"ignoring {reason} checkpoint {str(self.path)!r}{more}; starting over.", stacklevel=stacklevel)
+
+
 def archive_checksum(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str:
     """SHA-256 over the arrays (dtype, shape, bytes) and the metadata without its ``sha256`` entry."""
     h = hashlib.sha256()

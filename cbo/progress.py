@@ -1,4 +1,5 @@
-"""Progress bars (tqdm), or nothing when progress is off: one place that decides how long jobs report."""
+"""Progress bars (tqdm), or a bar that does nothing when progress is off: one place that decides how long jobs
+report."""
 
 from __future__ import annotations
 
@@ -6,12 +7,55 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def progress_bar(enabled: bool, **kwargs: Any) -> Any:
-    """A tqdm bar that disappears when done (``total=``, ``desc=``, ...), or None when ``enabled`` is False."""
+class NullBar:
+    """The bar of a job whose progress is off: tqdm's surface (``update``, ``set_postfix``, ``refresh``,
+    ``close``, ``n``, a context manager), doing nothing."""
+
+    n = 0
+    total = None
+
+    def update(self, n: float = 1) -> None:
+        pass
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def set_description(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> NullBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+# work whose pieces differ widely in size (the enumerator's tasks: a pruned subtree may take a microsecond or most
+# of the run, and the first one pays the kernels' compilation): tqdm's rate-based ETA is meaningless there (it showed
+# two hours for a solve of seconds), so such a bar shows the count and the elapsed time only
+NO_ETA_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} |{bar}| {elapsed}{postfix}"
+
+
+def progress_bar(enabled: bool, *, eta: bool = True, **kwargs: Any) -> Any:
+    """A tqdm bar that disappears when done (``total=``, ``desc=``, ...), or a :class:`NullBar` when ``enabled``
+    is False (callers update and close either without checking).
+
+    Args:
+        eta: show tqdm's estimate of the time left; False for work of very unequal pieces (see
+            :data:`NO_ETA_FORMAT`).
+    """
     if not enabled:
-        return None
+        return NullBar()
     from tqdm.auto import tqdm
 
+    if not eta:
+        kwargs.setdefault("bar_format", NO_ETA_FORMAT)
     return tqdm(leave=False, **kwargs)
 
 

@@ -4,6 +4,8 @@ across modules, no oversized files, and the QUBO core importable without torch."
 from __future__ import annotations
 
 import ast
+import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +201,83 @@ def test_measurement_lives_in_its_own_package():
     hessian = {p.stem for p in (ROOT / "hessian").glob("*.py")}
     assert not hessian & {"measure", "measurer", "measure_cache", "replay", "executors"}
     assert {"measurer", "cache", "replay", "executors"} <= {p.stem for p in (ROOT / "measure").glob("*.py")}
+
+
+# an argument check written inline instead of with cbo.checks (is_int / is_number / check_int / check_float ...)
+INLINE_CHECK = re.compile(
+    r"isinstance\([^()]*,\s*bool\)\s+or\s+not\s+isinstance"
+    r"|isinstance\([^()]*\)\s+and\s+not\s+isinstance\([^()]*,\s*bool\)"
+    r"|not\s+isinstance\([^()]*,\s*bool\)\s+and\s+isinstance"
+)
+
+
+def _source_files() -> dict[str, str]:
+    return {str(p.relative_to(ROOT.parent)): p.read_text() for p in sorted(ROOT.rglob("*.py"))}
+
+
+def test_argument_checks_live_in_one_module():
+    inline = [
+        f"{name}:{i}"
+        for name, text in _source_files().items()
+        if name != "cbo/checks.py"
+        for i, line in enumerate(text.splitlines(), 1)
+        if INLINE_CHECK.search(line)
+    ]
+    assert inline == []
+    assert INLINE_CHECK.search("if isinstance(v, bool) or not isinstance(v, int) or v < 1:")
+
+
+def test_one_checkpoint_writer_one_null_bar_one_device_helper():
+    """Every checkpoint class writes through cbo.files.CheckpointFile (atomic); no other tmp + rename writes; one
+    null progress bar (cbo.progress); one helper for the device a model's inputs go to (cbo.model.forward)."""
+    checkpoints, bars, devices, renames = {}, [], [], []
+    for name, text in _source_files().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Checkpoint"):
+                checkpoints[f"{name}:{node.name}"] = [ast.unparse(b) for b in node.bases]
+            if isinstance(node, ast.ClassDef) and ("NoBar" in node.name or "NullBar" in node.name):
+                bars.append(f"{name}:{node.name}")
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_device") and "device" in node.name:
+                devices.append(f"{name}:{node.name}")
+        if name != "cbo/files.py" and "os.replace(" in text:
+            renames.append(name)
+    assert len(checkpoints) >= 3 and all(bases == ["CheckpointFile"] for bases in checkpoints.values()), checkpoints
+    assert bars == ["cbo/progress.py:NullBar"] and renames == []
+    assert [d for d in devices if d.endswith((":model_device", ":input_device"))] == [
+        "cbo/model/forward.py:input_device"
+    ]
+
+
+DOC_SECTION = re.compile(
+    r"^(Args|Returns|Raises|Yields|Example|Examples|Note|Notes|Attributes|Lifecycle|Class attributes):\s*$"
+)
+
+
+def stray_paragraphs(doc: str) -> list[str]:
+    """Unindented prose lines inside a docstring's Args section (prose belongs above Args or in a section)."""
+    stray, in_args = [], False
+    for line in inspect.cleandoc(doc).splitlines():
+        if DOC_SECTION.match(line):
+            in_args = line.startswith("Args")
+        elif in_args and line.strip() and not line.startswith(" "):
+            stray.append(line)
+            in_args = False
+    return stray
+
+
+def test_no_prose_splits_an_args_section():
+    assert stray_paragraphs("One line.\n\nArgs:\n    a: x.\n\nCtrl-C stops it.\n\nExample:\n    >>> f()") == [
+        "Ctrl-C stops it."
+    ]
+    found = [
+        f"{name}:{node.lineno} {node.name}"
+        for name, text in _source_files().items()
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        and (doc := ast.get_docstring(node, clean=False))
+        and stray_paragraphs(doc)
+    ]
+    assert found == []
 
 
 @pytest.mark.parametrize("folder", ["benchmarks", "scripts"])

@@ -260,6 +260,44 @@ def row_prune_outputs_locked_ratio_needs_width_and_tokenizer_named(folder, monke
     assert res.exit_code == 2 and "--ratio 0.2 is a width-pruning fraction: give --width NAME" in res.output
 
 
+def row_remove_out_of_range_says_one_rule(folder, monkeypatch, tmp_path):
+    """A removal count out of range gets one message with one range, however far off (`cbo solve` said "M must be
+    in 0..6" where `cbo prune` said "use 1..5"), and a range it states is one it accepts (with every block kept:
+    "use 0..0", and M = 0 solves)."""
+    six, kept = tmp_path / "six.cboq", tmp_path / "kept.cboq"
+    cbo.BlockQUBO(np.diag([3.0, 1.0, 2.0, 1.0, 1.0, 1.0])).save(six)
+    cbo.BlockQUBO(np.diag([3.0, 1.0, 2.0]), keep=[0, 1, 2]).save(kept)
+    for m in ("7", "30", "-1"):
+        res = _cli("solve", str(six), "--remove", m)
+        assert res.exit_code != 0 and f"remove={m} is out of range: the QUBO has 6 blocks; use 0..6." in res.output
+    res = _cli("solve", str(kept), "--remove", "1")
+    assert "remove=1 is out of range: the QUBO has 3 blocks, 3 of them kept; use 0..0." in res.output, res.output
+    assert _cli("solve", str(kept), "--remove", "0").exit_code == 0
+    path, text, model, tok = folder
+    from cbo import baselines
+
+    for m in (6, 30):
+        with pytest.raises(CBOError, match=f"max_remove={m} is out of range: the model has 6 blocks; use 1..5."):
+            baselines.rank_blocks("block_influence", model, torch.zeros(2, 8, dtype=torch.long), max_remove=m)
+
+
+def row_window_counts_name_their_option(folder, monkeypatch, tmp_path):
+    """`cbo hessian --n-calibration 0` names the option before the model loads (it loaded the model, cut windows and
+    said "window counts must be >= 0 and not all 0"); make_splits names the option of a bad count too."""
+    import cbo.model.loading
+
+    path, text, model, tok = folder
+    with monkeypatch.context() as m:
+        m.setattr(cbo.model.loading, "load_model", _forbid)
+        res = _cli("hessian", str(path), "-o", str(tmp_path / "q.cboq"), "--text", str(text), "--n-calibration", "0")
+    assert res.exit_code == 2 and not isinstance(res.exception, WorkStarted), res.output
+    assert "n_calibration (calibration windows, --n-calibration) must be an integer >= 1, got 0" in res.output
+    for kwargs, match in (({"n_validation": -1}, r"n_validation \(validation windows, --n-validation\)"),
+                          ({"n_calibration": 0, "n_validation": 0}, "are all 0: ask for at least one window")):  # fmt: skip
+        with pytest.raises(DataError, match=match):
+            make_splits(tok, str(text), **{"seq_len": 16, "n_calibration": 2, "n_validation": 2, "n_test": 0, **kwargs})
+
+
 ROWS = [v for k, v in sorted(globals().items()) if k.startswith("row_")]
 
 

@@ -177,3 +177,39 @@ def test_an_existing_output_file_is_replaced_only_with_overwrite(tmp_path):
         res = _run(*args, "--overwrite")
         assert res.exit_code == 0, res.output
         assert out.read_bytes() != b"old"
+
+
+@pytest.mark.parametrize("command", ["prune", "hessian"])
+def test_the_cache_option_says_what_the_cache_holds(command):
+    """The cache holds measured losses and refine checkpoints beside the Hessians; --cache's help says so."""
+    res = _run(command, "--help")
+    assert res.exit_code == 0
+    text = " ".join(res.output.replace("│", " ").split())
+    assert "Hessians and their checkpoints, measured losses and refine checkpoints" in text
+
+
+def test_the_prune_table_never_cuts_the_removed_set():
+    """Printed at 80 columns (piped to a file), the removed blocks wrap instead of ending in "…" (issue 27: the
+    column showed "3,4,5,6,7,12,13,14,15…")."""
+    import io
+
+    from rich.console import Console
+
+    from cbo.pipeline.reports import DepthReport, ValidatedState
+
+    removed = [3, 4, 5, 6, 7, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26]
+    names = [f"layers.{i}" for i in removed]
+    report = DepthReport(
+        model_name="a-model-with-a-long-name", method="block_influence", remove=len(removed), n_blocks=30,
+        granularity="layer", estimator=None, loss=None, solver=None, qubo=None, states=None,
+        validation=[ValidatedState(None, removed, names, None, 0.1234, 12.34, 0.876)], chosen_rank=None,
+        chosen_blocks=removed, chosen_names=names, pruned_model=None, tokenizer=None,
+        original_metrics={"ppl": 10.0, "n_params": 1e8}, pruned_metrics={"ppl": 12.34, "kl": 0.1234, "n_params": 6e7},
+        timings={},
+    )  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=80).print(report.table())
+    text = out.getvalue()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    cells = [line.split("│")[2] for line in text.splitlines() if line.count("│") >= 7]
+    assert [int(v) for v in ",".join(cells).replace(",", " ").split()] == removed

@@ -72,7 +72,7 @@ def test_bad_input_is_refused_before_any_work(folders, tmp_path):
         (["--steps", "-1"], "steps must be an integer >= 0"),
         (["--steps", "2", "--batch-size", "0"], "batch_size must be an integer >= 1"),
         (["--steps", "2", "--schedule", "wobbly"], "unknown heal schedule 'wobbly'"),
-        (["--steps", "2", "--lr", "0"], "lr must be a number > 0"),
+        (["--steps", "2", "--lr", "0"], "lr must be a finite number > 0"),
     ]
     for extra, message in cases:
         res = runner.invoke(app, heal_args(folders, tmp_path / "o", *extra))
@@ -134,3 +134,27 @@ def test_an_interrupted_heal_resumes_to_the_weights_of_an_uninterrupted_one(fold
     a, b = load_pruned(whole), load_pruned(out)
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_resume_without_a_checkpoint_says_so_and_quiet_is_quiet(folders, tmp_path):
+    """`--resume` with no checkpoint in --out says it trains from step 0 (it did so silently), and -q prints neither
+    weight-writing bars nor Python warnings (it printed "Writing model shards" and a FutureWarning)."""
+    import warnings
+
+    from cbo.recovery.healing import heal
+
+    out = tmp_path / "healed"
+    res = CliRunner().invoke(app, heal_args(folders, out, "--steps", "1", "--resume", "-q"))
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "--resume: " in text and "holds no unfinished heal (no checkpoint); training from step 0." in text
+    assert "Writing model shards" not in res.output and "Warning" not in res.output and "it/s" not in res.output
+    res = CliRunner().invoke(app, heal_args(folders, out, "--steps", "1", "--resume", "-q"))  # a healed model
+    assert res.exit_code == 0 and "holds a healed model but no unfinished heal" in " ".join(res.output.split())
+    teacher, pruned, text_folder = folders
+    model = load_pruned(pruned)
+    windows = torch.randint(0, model.config.vocab_size, (2, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        heal(model, None, windows, steps=1, method="full", batch_size=2, checkpoint_dir=tmp_path / "c", resume=True)
+    assert any("holds no heal checkpoint; training from step 0" in str(w.message) for w in caught)

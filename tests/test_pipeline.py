@@ -97,8 +97,8 @@ def test_validation_copies_no_model_and_only_the_choice_is_removed(tiny_model, t
     # the work: one original pass over the validation windows, then the states from the recorded streams
     work = report.work["validation"]
     assert work["original_passes"] == 1 and work["full_passes"] == 0 and work["sets"] == 5
-    assert 1 < work["forward_equivalents"] < 1 + 5
-    assert report.work["estimate_forward_equivalents"] == report.qubo.metadata["forward_equivalents"]
+    assert 1 < work["fpe"] < 1 + 5
+    assert report.work["estimate_fpe"] == report.qubo.metadata["fpe"]
 
 
 def test_sublayer_validation_equals_the_surgically_pruned_models(tiny_model, tiny_windows):

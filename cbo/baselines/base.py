@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +30,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from cbo.baselines.ranking import Ranking, check_caps, check_count
-from cbo.errors import CBOError, DataError, InfeasibleError, InvalidOptionError, ModelError, UnknownNameError
+from cbo.checks import blocks_where, check_in_range, check_int
+from cbo.errors import DataError, InfeasibleError, InvalidOptionError, ModelError, UnknownNameError
+from cbo.progress import progress_bar
 from cbo.registry import Registry
 
 GRANULARITIES = ("layer", "sublayer")
@@ -60,44 +62,8 @@ def describe() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- shared helpers
-def model_device(model: Any) -> Any:
-    """The device of the model's first parameter (CPU for a model without parameters)."""
-    import torch
-
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
 def check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise CBOError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
-    return int(batch_size)
-
-
-def batches(windows: Any, batch_size: int) -> Iterator[Any]:
-    """Consecutive slices of at most ``batch_size`` windows."""
-    batch_size = check_batch_size(batch_size)
-    for start in range(0, windows.shape[0], batch_size):
-        yield windows[start : start + batch_size]
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def progress_bar(total: int, enabled: bool, desc: str) -> Any:
-    """A tqdm bar (``update(n)``, ``close()``), or one that does nothing when ``enabled`` is false."""
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, leave=False, desc=desc)
+    return check_int("batch_size", batch_size, 1)
 
 
 def calibration_windows(splits_or_windows: Any, model: Any = None) -> Any:
@@ -183,7 +149,7 @@ class RankContext:
         )
 
     def bar(self, total: int, desc: str | None = None) -> Any:
-        return progress_bar(total, self.progress, desc or f"{self.method} baseline")
+        return progress_bar(self.progress, total=total, desc=desc or f"{self.method} baseline")
 
 
 class Baseline(ABC):
@@ -269,11 +235,12 @@ def rank_blocks(
     keep_idx = keep_indices(keep, blocks)
     caps = check_caps(caps, [b.kind for b in blocks])
     free = len(blocks) - len(keep_idx) - (0 if keep_idx else 1)  # something must remain
-    steps = free if max_remove is None else check_count(max_remove, "max_remove")
-    if not 1 <= steps <= free:
-        raise InfeasibleError(
-            f"max_remove={steps} is out of range; {len(blocks)} blocks, {len(keep_idx)} kept: use 1..{free}."
-        )
+    where = blocks_where("model", len(blocks), len(keep_idx))
+    if free < 1:
+        raise InfeasibleError(f"nothing can be removed: {where}. Keep fewer blocks (keep= / --keep).")
+    if max_remove is not None:
+        free = check_in_range("max_remove", max_remove, 1, free, where, error=InfeasibleError)
+    steps = free
     cache = None
     if cache_dir is not None:
         from cbo.measure.measurer import MeasureCache

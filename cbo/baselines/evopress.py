@@ -34,6 +34,7 @@ import numpy as np
 
 from cbo.baselines.base import BASELINES, Baseline, RankContext
 from cbo.baselines.ranking import Ranking, json_number
+from cbo.checks import check_float, check_int, check_seed, is_int
 from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.search.moves import SwapMoves
 
@@ -78,7 +79,7 @@ def check_counts(kinds: Sequence[str], remove: int | Mapping[str, int], keep: Se
     for kind in present:
         free[kind] = sum(1 for i, k in enumerate(kinds) if k == kind and i not in set(keep))
         c = counts.setdefault(kind, 0)
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c <= free[kind]:
+        if not is_int(c) or not 0 <= c <= free[kind]:
             raise InvalidOptionError(
                 f"cannot remove {c!r} of kind {kind!r}: {free[kind]} removable; use 0..{free[kind]}"
             )
@@ -226,13 +227,9 @@ def evopress(
 
 
 def _check_options(generations, offspring, initial, initial_windows, stages, max_mutations, n_windows) -> None:
-    if generations is not None and (
-        isinstance(generations, bool) or not isinstance(generations, int) or generations < 0
-    ):
-        raise InvalidOptionError(f"generations must be an integer >= 0 or None, got {generations!r}")
+    check_int("generations", generations, 0, none_ok=True)
     for name, value in (("offspring", offspring), ("initial", initial), ("max_mutations", max_mutations)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise InvalidOptionError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int(name, value, 1)
     if not stages or stages[-1][0] != 1:
         raise InvalidOptionError(f"stages must end with one survivor, e.g. ((2, 1), (1, 16)); got {stages!r}")
     for survive, windows in stages:
@@ -323,12 +320,8 @@ class EvoPressOptions:
         return ((self.survivors, self.initial_windows), (1, self.final_windows))
 
     def validate(self) -> None:
-        if self.budget is not None and (
-            isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not self.budget > 0
-        ):
-            raise InvalidOptionError(f"budget must be a number of FPE > 0 or None, got {self.budget!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise InvalidOptionError(f"seed must be an integer, got {self.seed!r}")
+        check_float("budget (FPE)", self.budget, 0, lo_open=True, none_ok=True)
+        check_seed("seed", self.seed)
         limit = 10**9  # the pool size is checked in rank(), once the windows are known
         opts = (self.generations, self.offspring, self.initial, self.initial_windows)
         _check_options(*opts, self.stages(), self.max_mutations, limit)

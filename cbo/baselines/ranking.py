@@ -15,15 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import InfeasibleError
 from cbo.model.families import resolve_caps
 
 
 def check_count(value: Any, label: str) -> int:
     """``value`` as an int (a number of blocks); raises InfeasibleError naming ``label`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InfeasibleError(f"{label} must be an integer, got {value!r}.")
-    return int(value)
+    return check_int(label, value, error=InfeasibleError)
 
 
 def check_caps(caps: Mapping[str, int] | None, kinds: Sequence[str]) -> dict[str, int]:

@@ -24,9 +24,9 @@ import numpy as np
 from cbo.baselines.base import BASELINES, Baseline, RankContext
 from cbo.baselines.ranking import Ranking, json_number
 from cbo.errors import InvalidOptionError
+from cbo.measure.measurer import Work
 
 LOSSES = ("ce", "kl")
-WORK_KEYS = ("layer_calls", "tail_calls", "full_calls", "original_calls", "measured")
 
 
 @dataclass
@@ -48,14 +48,14 @@ class RemovalMeter:
         loss: ``"ce"`` or ``"kl"``.
 
     Attributes:
-        work: the measurer's counts summed over calls (``layer_calls``, ``tail_calls``, ``full_calls``,
-            ``original_calls``, ``measured``); ``set_evaluations``: sets × batches asked for.
+        work: the measurer's :class:`~cbo.measure.measurer.Work` summed over calls; ``set_evaluations``: sets ×
+            batches asked for.
     """
 
     def __init__(self, ctx: RankContext, loss: str) -> None:
         self.ctx = ctx
         self.loss = loss
-        self.work = dict.fromkeys(WORK_KEYS, 0)
+        self.work = Work()
         self.set_evaluations = 0
 
     def n_batches(self) -> int:
@@ -66,7 +66,7 @@ class RemovalMeter:
 
         ``bar`` (a progress bar) advances by ``len(sets)`` per batch.
         """
-        from cbo.measure.measurer import measure_sets
+        from cbo.measure import measurer  # looked up at each call (tests interrupt it)
 
         ctx = self.ctx
         sets = [tuple(s) for s in sets]
@@ -74,10 +74,9 @@ class RemovalMeter:
         n = ctx.windows.shape[0]
         for start in range(0, n, ctx.batch_size):
             chunk = ctx.windows[start : start + ctx.batch_size]
-            out = measure_sets(ctx.model, ctx.blocks, chunk, sets, batch_size=ctx.batch_size, cache=ctx.cache)
+            out = measurer.measure_sets(ctx.model, ctx.blocks, chunk, sets, batch_size=ctx.batch_size, cache=ctx.cache)
             total += np.asarray(out[self.loss], dtype=np.float64).sum(axis=1)
-            for key in WORK_KEYS:
-                self.work[key] += int(out[key])
+            self.work += out["work"]
             self.set_evaluations += len(sets)
             if bar is not None:
                 bar.update(len(sets))
@@ -87,8 +86,8 @@ class RemovalMeter:
 
     def record(self, ranking: Ranking) -> None:
         """Write the work done into ``ranking``: full passes as ``forward``, the rest in ``info["measurement"]``."""
-        ranking.passes["forward"] = self.work["original_calls"] + self.work["full_calls"]
-        ranking.info["measurement"] = {"set_evaluations": self.set_evaluations, **self.work}
+        ranking.passes["forward"] = self.work.original_passes + self.work.full_passes
+        ranking.info["measurement"] = {"set_evaluations": self.set_evaluations, **self.work.to_json()}
         ranking.info["loss"] = self.loss
 
 

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from cbo.baselines.base import BASELINES, Baseline, RankContext, batches, model_device
+from cbo.baselines.base import BASELINES, Baseline, RankContext
 from cbo.baselines.ranking import Ranking
 from cbo.errors import ModelError
 from cbo.extras import require
+from cbo.model.forward import input_device, window_batches
 
 torch = require("torch", "depth baselines")
 
@@ -111,9 +112,9 @@ def residual_statistics(model: Any, windows: Any, granularity: str = "layer", *,
     """
     model.eval()
     cos_sum, n_tok, last, passes = None, 0, [], 0
-    device = model_device(model)
+    device = input_device(model)
     with torch.no_grad(), _ResidualStates(model, granularity) as rec:
-        for batch in batches(windows, batch_size):
+        for _, batch in window_batches(windows, batch_size):
             model(input_ids=batch.to(device), use_cache=False)
             passes += 1
             states = [s.to(torch.float64) for s in rec.states()]

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from cbo.baselines.base import BASELINES, Baseline, RankContext, batches, model_device
+from cbo.baselines.base import BASELINES, Baseline, RankContext
 from cbo.baselines.ranking import Ranking
+from cbo.checks import is_int
 from cbo.errors import InvalidOptionError
 from cbo.extras import require
+from cbo.model.forward import input_device, window_batches
 
 torch = require("torch", "depth baselines")
 
@@ -53,7 +55,7 @@ def taylor_importance(
     params = list(model.parameters())
     saved = [(p, p.requires_grad, p.grad) for p in params]
     n_pred = windows.shape[0] * (windows.shape[1] - 1)
-    device = model_device(model)
+    device = input_device(model)
     passes = 0
     was_training = model.training
     model.eval()
@@ -62,7 +64,7 @@ def taylor_importance(
             p.requires_grad_(True)
             p.grad = None
         with torch.enable_grad():
-            for batch in batches(windows, batch_size):
+            for _, batch in window_batches(windows, batch_size):
                 batch = batch.to(device)
                 logits = model_logits(model, batch).float()
                 target = batch[:, 1:]
@@ -116,7 +118,7 @@ class Taylor(Baseline):
                 return
             try:
                 first, last = self.protect
-                ok = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in (first, last))
+                ok = all(is_int(v) and v >= 0 for v in (first, last))
             except (TypeError, ValueError):
                 ok = False
             if not ok:

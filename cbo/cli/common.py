@@ -34,7 +34,10 @@ GRANULARITY_HELP = "layer, or sublayer (mixer and MLP halves: attention or Mamba
 CALIBRATION_HELP = "Calibration windows."
 SEQ_LEN_HELP = "Tokens per window."
 BATCH_HELP = "Windows per forward pass."
-CACHE_HELP = "Reuse/store Hessians under CBO_HOME/cache."
+CACHE_HELP = (
+    "Reuse and store work under CBO_HOME/cache: Hessians and their checkpoints, measured losses and refine "
+    "checkpoints (--no-cache: compute afresh, write nothing there)."
+)
 QUIET_HELP = "No progress output."
 
 

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from cbo.cli import app
+from cbo.files import atomic_write_text
 
 MODEL_HELP = "'smollm2-135m', 'gemma3-270m' (installed by `cbo setup`), a local Hugging Face folder (pruned or not)."
 TASKS_HELP = (
@@ -61,21 +62,13 @@ def eval_tasks(
         if not quiet:
             typer.echo(f"loading {model} ...", err=True)
         m, tok = load_model(model, quiet=quiet)
-        results = evaluate_tasks(
-            m,
-            tok,
-            names,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            batch_size=batch_size,
-            seed=seed,
-            progress=not quiet,
-            manager=manager,
-        )
+        settings = {"limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "seed": seed}
+        results = evaluate_tasks(m, tok, names, progress=not quiet, manager=manager, **settings)
     except CBOError as exc:
         typer.echo(f"eval failed: {exc}", err=True)
         raise typer.Exit(1) from exc
     for line in format_results(results):
         typer.echo(line)
     if output is not None:
-        output.write_text(json.dumps({"model": model, "tasks": names, "results": results}, indent=2) + "\n")
+        record = {"model": model, "tasks": names, "settings": settings, "results": results}
+        atomic_write_text(output, json.dumps(record, indent=2) + "\n")

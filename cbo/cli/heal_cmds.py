@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from cbo.cli import app
-from cbo.cli.common import MODEL_HELP, QUIET_HELP, TEXT_HELP, console, err_console, fail, say
+from cbo.cli.common import MODEL_HELP, QUIET_HELP, TEXT_HELP, console, err_console, fail, plain, say
 from cbo.errors import CBOError, InvalidOptionError
 
 CHECKPOINT_FOLDER = "heal-checkpoint"  # inside --out, until the healed model is saved
@@ -82,32 +82,38 @@ def heal(
         fail(exc)
 
     from cbo.data.windows import make_splits
-    from cbo.model.loading import load_model
+    from cbo.model.loading import load_model, quiet_loading
+    from cbo.recovery.healing import CHECKPOINT_FILE
 
     ckpt = out / CHECKPOINT_FOLDER
+    if resume and not (ckpt / CHECKPOINT_FILE).is_file():  # said even with -q: the run does not do what was asked
+        done = "a healed model but no unfinished heal" if (out / RECORD_FILE).is_file() else "no unfinished heal"
+        err_console.print(f"--resume: {plain(out)} holds {done} (no checkpoint); training from step 0.")
+        resume = False
     last = {"step": 0}
     try:
         say(quiet, f"loading {pruned} and the teacher {teacher}")
-        student, tokenizer = load_model(pruned, quiet=quiet)
-        reference, _ = load_model(teacher, quiet=quiet)
-        splits = make_splits(
-            tokenizer, text, seq_len=seq_len, n_calibration=n_calibration, n_validation=0, n_test=0, seed=seed,
-            model=student,
-        )  # fmt: skip
-        result = run_heal(
-            student,
-            reference,
-            splits.calibration,
-            **settings,
-            checkpoint_dir=ckpt,
-            checkpoint_every=checkpoint_every,
-            resume=resume,
-            progress=not quiet,
-            on_step=lambda step, loss: last.update(step=step),
-        )
-        result.teacher = teacher
-        result.model.config.cbo_recovery = result.record()
-        result.save(out, tokenizer)
+        with quiet_loading(quiet):  # -q: no weight-writing bars, transformers messages or Python warnings
+            student, tokenizer = load_model(pruned, quiet=quiet)
+            reference, _ = load_model(teacher, quiet=quiet)
+            splits = make_splits(
+                tokenizer, text, seq_len=seq_len, n_calibration=n_calibration, n_validation=0, n_test=0, seed=seed,
+                model=student,
+            )  # fmt: skip
+            result = run_heal(
+                student,
+                reference,
+                splits.calibration,
+                **settings,
+                checkpoint_dir=ckpt,
+                checkpoint_every=checkpoint_every,
+                resume=resume,
+                progress=not quiet,
+                on_step=lambda step, loss: last.update(step=step),
+            )
+            result.teacher = teacher
+            result.model.config.cbo_recovery = result.record()
+            result.save(out, tokenizer)
     except KeyboardInterrupt:
         err_console.print(
             f"[bold yellow]interrupted[/] after step {last['step']} of {steps}; the checkpoint in {ckpt} keeps it. "

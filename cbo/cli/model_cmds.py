@@ -56,10 +56,11 @@ def hessian(
     from cbo.data.windows import make_splits
     from cbo.hessian import estimate_hessian
     from cbo.model.loading import load_model
-    from cbo.pipeline.inputs import cache_dirs
+    from cbo.pipeline.inputs import cache_dirs, check_run_options
 
     try:
         check_outputs((output,))
+        check_run_options(seq_len=seq_len, n_calibration=n_calibration, batch_size=batch_size, seed=seed)
         opts = parse_options(option, "--option")
         say(quiet, f"loading {model} ...")
         m, tok = load_model(model, quiet=quiet)

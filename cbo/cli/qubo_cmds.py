@@ -11,17 +11,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cbo.cli import app
-from cbo.cli.common import (
-    OVERWRITE_FILES_HELP,
-    check_outputs,
-    console,
-    err_console,
-    fail,
-    parse_blocks,
-    parse_options,
-    plain,
-)
+from cbo.cli import app, common
+from cbo.cli.common import OVERWRITE_FILES_HELP, check_outputs, console, err_console, fail, plain
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 from cbo.qubo.block_qubo import BlockQUBO
@@ -65,7 +56,7 @@ def union_blocks(qubo: BlockQUBO, stored: tuple, given: Optional[str]) -> Option
     """The blocks stored in the file plus those given on the command line (None when none are given)."""
     if not given:
         return None
-    extra = [qubo.index(b) for b in parse_blocks(given)]
+    extra = [qubo.index(b) for b in common.parse_blocks(given)]
     return sorted(set(map(int, stored)) | set(extra))
 
 
@@ -99,7 +90,7 @@ def solve(
     try:
         check_outputs((out, plot), replace_files=overwrite)
         qubo = BlockQUBO.load(file)
-        opts = parse_options(option, "--option")
+        opts = common.parse_options(option, "--option")
         c = qubo.constraints
         states = run_solve(
             qubo,

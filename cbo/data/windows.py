@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cbo.checks import check_int, is_int
 from cbo.data import assets
 from cbo.errors import DataError
 from cbo.extras import require
@@ -281,7 +282,7 @@ def model_max_positions(model: Any) -> int | None:
         config = config.get_text_config()
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
         value = getattr(config, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if is_int(value) and value > 0:
             return value
     return None
 
@@ -432,11 +433,14 @@ def make_splits(
     """
     if split_by not in SPLIT_BY:
         raise DataError(f"unknown split_by {split_by!r}; use one of {SPLIT_BY}")
-    if seq_len < 2:
-        raise DataError(f"seq_len must be at least 2, got {seq_len}")
+    check_int("seq_len (tokens per window, --seq-len)", seq_len, lo=2, error=DataError)
     wanted = {"calibration": n_calibration, "validation": n_validation, "test": n_test}
-    if any(n < 0 for n in wanted.values()) or sum(wanted.values()) == 0:
-        raise DataError(f"window counts must be >= 0 and not all 0, got {wanted}")
+    for split, n in wanted.items():
+        check_int(f"n_{split} ({split} windows, --n-{split})", n, lo=0, error=DataError)
+    if sum(wanted.values()) == 0:
+        raise DataError(
+            "n_calibration, n_validation and n_test (--n-calibration, ...) are all 0: ask for at least one window."
+        )
     if model is not None:
         check_tokenizer(model, tokenizer)
         check_seq_len(model, seq_len)

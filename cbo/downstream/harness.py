@@ -195,7 +195,8 @@ def evaluate_tasks(
     manager: Any = None,
 ) -> dict[str, dict[str, float]]:
     """Run lm-eval tasks on an in-memory model; returns ``{task: {metric: value}}`` (plain floats), tasks in the
-    order given (the tasks of a tag or group by name).
+    order given (the tasks of a tag or group by name). Each task's entry also holds ``"n"``, the number of items
+    evaluated.
 
     Args:
         model, tokenizer: a causal LM (pruned or not) and its tokenizer, used as they are.
@@ -211,8 +212,6 @@ def evaluate_tasks(
         progress: lm-eval's progress bars and messages (False: quiet).
         manager: the ``TaskManager`` of an earlier :func:`task_manager` call for the same names (checked
             names, and lm-eval's task index read once).
-
-    Each task's entry also holds ``"n"``, the number of items evaluated.
 
     Raises:
         UnknownNameError: a task lm-eval does not know (before the model runs).

@@ -49,7 +49,7 @@ ESTIMATORS: Registry[type[Estimator]] = Registry(
 class Run:
     """What an estimator sees of the run: the model with its gates, the loss, the batching and the work done.
 
-    ``passes`` and ``equivalents`` count the current batch's work (the driver sums them over batches):
+    ``passes`` and ``fpe`` count the current batch's work (the driver sums them over batches):
     passes by kind, and forward work in forward-pass equivalents (one full forward over all calibration
     windows is 1; a measured removal set costs a fraction of one, see :class:`cbo.measure.measurer.Measurer`).
     """
@@ -65,7 +65,7 @@ class Run:
     device: torch.device
     batch_size: int = 8
     passes: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0})
-    equivalents: float = 0.0
+    fpe: float = 0.0
     # estimators whose batches are long (many passes each) call ``save_partial(state, batch_index)`` inside a
     # batch, with state that records how far the batch got; the driver checkpoints it at most every
     # PARTIAL_SAVE_INTERVAL_S seconds, and a resumed run re-enters that batch with that state
@@ -74,7 +74,7 @@ class Run:
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of the gated model (counted as one forward pass over these tokens)."""
         self.passes["forward"] += 1
-        self.equivalents += tokens.shape[0] / self.n_sequences
+        self.fpe += tokens.shape[0] / self.n_sequences
         return model_logits(self.model, tokens)
 
     def count_backward(self, n: int = 1) -> None:
@@ -97,7 +97,7 @@ class Run:
     def count_measured(self, work: Any) -> None:
         """Add a measurer's work (a :class:`~cbo.measure.measurer.Work`, or a difference of two) to this batch."""
         self.passes["forward"] += work.original_passes + work.full_passes
-        self.equivalents += work.forward_equivalents
+        self.fpe += work.fpe
 
     def check_finite(self, value: torch.Tensor | float, batch_index: int, what: str = "loss") -> None:
         """Raise DataError naming the batch when ``value`` holds NaN or inf."""

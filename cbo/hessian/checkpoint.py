@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import io
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cbo.files import READ_ERRORS, atomic_write_bytes
+from cbo.files import READ_ERRORS, CheckpointFile
 
 _FORMAT = "cbo.hessian-checkpoint"
 
@@ -27,13 +26,13 @@ def ensure_writable_dir(path: str | Path, purpose: str) -> Path:
     return writable_dir(path, purpose)
 
 
-class Checkpoint:
+class Checkpoint(CheckpointFile):
     """The checkpoint file of one estimation run."""
 
     def __init__(self, directory: str | Path, key: str) -> None:
         self.dir = ensure_writable_dir(directory, "checkpoint")
         self.key = key
-        self.path = self.dir / f"hessian-{key[:24]}.ckpt.npz"
+        super().__init__(self.dir / f"hessian-{key[:24]}.ckpt.npz")
         if self.path.exists() and not self.path.is_file():
             from cbo.model.loading import CacheDirError
 
@@ -47,24 +46,21 @@ class Checkpoint:
         buf = io.BytesIO()
         arrays = {f"state__{k}": np.asarray(v) for k, v in state.items()}
         np.savez(buf, __header__=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), **arrays)
-        atomic_write_bytes(self.path, buf.getvalue())
+        self.write(buf.getvalue())
 
     def load(self) -> tuple[dict[str, np.ndarray], int] | None:
         """(state, next batch) of an unfinished run with this key, or None."""
-        if not self.path.exists():
+        data = self.read()
+        if data is None:
             return None
         try:
-            with np.load(self.path, allow_pickle=False) as z:
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 header = json.loads(bytes(z["__header__"]).decode())
                 state = {k[len("state__") :]: z[k].copy() for k in z.files if k.startswith("state__")}
         except READ_ERRORS as exc:  # truncated or flipped after a Ctrl-C: a bad zip, deflate stream or header
-            warnings.warn(f"ignoring unreadable checkpoint {str(self.path)!r} ({exc}); starting over.", stacklevel=3)
+            self.starting_over("unreadable", exc)
             return None
         if not isinstance(header, dict) or header.get("format") != _FORMAT or header.get("key") != self.key:
-            warnings.warn(f"checkpoint {str(self.path)!r} belongs to another run; starting over.", stacklevel=3)
+            self.starting_over("another run's")
             return None
         return state, int(header["next_batch"])
-
-    def delete(self) -> None:
-        if self.path.exists():
-            self.path.unlink()

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from cbo.checks import check_int
 from cbo.errors import CorruptFileError, DataError, InvalidOptionError
 from cbo.hessian.base import ESTIMATORS, Run
 from cbo.hessian.checkpoint import Checkpoint, ensure_writable_dir
@@ -116,7 +117,7 @@ def estimate_hessian(
 
     Returns:
         A BlockQUBO with ``E(x) = ½xᵀHx − g·x`` and metadata (model, data hash, loss, estimator, tokens, and the
-        work: ``forward_passes``, ``backward_passes``, ``forward_equivalents`` relative to one full forward
+        work: ``forward_passes``, ``backward_passes``, ``fpe`` (forward-pass equivalents) relative to one full forward
         over the calibration windows).
 
     Example:
@@ -127,8 +128,7 @@ def estimate_hessian(
     check_loss(loss)
     if loss not in cls.losses:
         raise InvalidOptionError(f"estimator {cls.name!r} supports loss {list(cls.losses)}, not {loss!r}.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    check_int("batch_size", batch_size, 1)
     opts = ESTIMATORS.make_options(cls, options)
     tokens = as_windows(windows, model)
     blocks = resolve_blocks(model, blocks if blocks is not None else granularity)
@@ -168,7 +168,7 @@ def estimate_hessian(
         run = Run(model, blocks, gates, loss, seed, seq_len, n_seq, n_batches, device, batch_size)
         est = cls(run, opts)
         state = est.init_state()
-        # work so far: forward passes, backward passes, forward equivalents
+        # work so far: forward passes, backward passes, forward-pass equivalents (FPE)
         state["_work"] = np.zeros(3)
         start = 0
         if ckpt is not None:
@@ -181,7 +181,7 @@ def estimate_hessian(
         try:
             for b in range(start, n_batches):
                 batch = tokens[b * batch_size : (b + 1) * batch_size].to(device)
-                run.passes, run.equivalents = {"forward": 0, "backward": 0}, 0.0
+                run.passes, run.fpe = {"forward": 0, "backward": 0}, 0.0
                 est.accumulate(state, b, batch, bar.update if bar is not None else _noop)
                 for name, arr in state.items():
                     run.check_finite(torch.from_numpy(np.asarray(arr, dtype=np.float64)), b, f"accumulator {name!r}")
@@ -194,7 +194,7 @@ def estimate_hessian(
             if bar is not None:
                 bar.close()
         # estimators that measure more removal sets once every batch is in (``fit``, ``trust``) do it here
-        run.passes, run.equivalents = {"forward": 0, "backward": 0}, 0.0
+        run.passes, run.fpe = {"forward": 0, "backward": 0}, 0.0
         H, g, extra = est.finalize(state)
         work = state["_work"] + batch_work(run)
     wall = time.perf_counter() - t0
@@ -222,7 +222,7 @@ def estimate_hessian(
         **extra,
         "forward_passes": int(work[0]),
         "backward_passes": int(work[1]),
-        "forward_equivalents": round(float(work[2]), 2),
+        "fpe": round(float(work[2]), 2),
     }
     qubo = BlockQUBO(
         H,
@@ -281,8 +281,8 @@ def same_layout(loaded: dict[str, np.ndarray], state: dict[str, np.ndarray], pat
 
 
 def batch_work(run: Run) -> np.ndarray:
-    """The run's counters of the current batch as ``[forward passes, backward passes, forward equivalents]``."""
-    return np.array([run.passes["forward"], run.passes["backward"], run.equivalents], dtype=np.float64)
+    """The run's counters of the current batch as ``[forward passes, backward passes, FPE]``."""
+    return np.array([run.passes["forward"], run.passes["backward"], run.fpe], dtype=np.float64)
 
 
 class PartialSaver:

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from cbo.checks import check_bool
 from cbo.hessian.base import Estimator, register
-from cbo.hessian.options import check_bool
 from cbo.measure.losses import LossFn, log_probs
 
 
@@ -37,7 +37,7 @@ class ExactEstimator(Estimator):
         vectorize: bool = False  # all N Hessian-vector products in one batched double backward (more memory)
 
         def validate(self) -> None:
-            check_bool(self.vectorize, "exact vectorize")
+            check_bool("exact vectorize", self.vectorize)
 
     def units_per_batch(self) -> int:
         return len(self.run.blocks)

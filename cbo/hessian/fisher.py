@@ -27,10 +27,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from cbo.checks import check_int
 from cbo.errors import InvalidOptionError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.gram import add_gram, gram_state
-from cbo.hessian.options import check_int
 from cbo.measure.losses import ce_per_sequence, log_probs, nll_of_labels, predicted_positions
 
 
@@ -48,7 +48,7 @@ class FisherEstimator(Estimator):
         def validate(self) -> None:
             if self.labels not in ("sampled", "empirical"):
                 raise InvalidOptionError(f"fisher labels must be 'sampled' or 'empirical', got {self.labels!r}.")
-            check_int(self.samples, "fisher samples", 1)
+            check_int("fisher samples", self.samples, 1)
 
     def init_state(self) -> dict[str, np.ndarray]:
         n = len(self.run.blocks)

@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from cbo.checks import check_float, check_int
 from cbo.hessian.base import register
 from cbo.hessian.hybrid import CalibrationLosses, TargetedEstimator, TargetedOptions
-from cbo.hessian.options import check_int, check_number
 
 RIDGE_GRID = tuple(10.0**k for k in np.arange(-4.0, 2.01, 0.5))
 
@@ -86,9 +86,9 @@ class FitEstimator(TargetedEstimator):
 
         def validate(self) -> None:
             TargetedOptions.validate(self)
-            check_int(self.n_sets, "n_sets", 5)
+            check_int("n_sets", self.n_sets, 5)
             if self.ridge is not None:
-                check_number(self.ridge, "ridge")
+                check_float("ridge", self.ridge, 0)
 
     def sample_sets(self, H0: np.ndarray, g0: np.ndarray, D1: np.ndarray, m: int, keep: set[int]) -> list[list[int]]:
         """Low-energy states of E₀ and their 1-3 swap perturbations, ``n_sets`` distinct sets of size m."""

@@ -29,10 +29,10 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
+from cbo.checks import blocks_where, check_choice, check_float, check_in_range, check_indices, check_int
 from cbo.errors import InfeasibleError, InvalidOptionError
 from cbo.hessian.base import Estimator, register
 from cbo.hessian.gram import add_gram, gram_state
-from cbo.hessian.options import check_choice, check_indices, check_int, check_number
 from cbo.measure.losses import log_probs, nll_of_labels
 from cbo.measure.measurer import MeasureCache, Work
 
@@ -104,9 +104,9 @@ class HybridEstimator(Estimator):
         measure_cache: str | None = None  # folder for measured losses shared between runs
 
         def validate(self) -> None:
-            check_choice(self.couplings, "couplings", COUPLINGS)
-            check_number(self.coupling_scale, "coupling_scale")
-            check_int(self.samples, "samples", 1)
+            check_choice("couplings", self.couplings, COUPLINGS)
+            check_float("coupling_scale", self.coupling_scale, 0)
+            check_int("samples", self.samples, 1)
             if self.measure_cache is not None and not isinstance(self.measure_cache, str):
                 raise InvalidOptionError(
                     f"measure_cache must be a folder path (str) or None, got {self.measure_cache!r}."
@@ -237,9 +237,9 @@ class TargetedOptions(HybridEstimator.Options):
         HybridEstimator.Options.validate(self)
         if self.remove is None:
             raise InvalidOptionError(f"estimator '{self.estimator}' needs remove=M (the number of blocks to remove).")
-        check_int(self.remove, "remove", 1)
-        check_number(self.screen, "screen")
-        check_indices(self.keep, "keep")
+        check_int("remove", self.remove, 1)
+        check_float("screen", self.screen, 0)
+        check_indices("keep", self.keep)
 
     def target(self, n: int) -> tuple[int, set[int]]:
         """(M, the kept blocks) checked against ``n`` blocks: InfeasibleError when no such removal exists."""
@@ -249,8 +249,7 @@ class TargetedOptions(HybridEstimator.Options):
         if bad:
             raise InfeasibleError(f"keep indices {bad} are out of range 0..{n - 1}.")
         upper = n - len(keep) if keep else n - 1
-        if m > upper:
-            raise InfeasibleError(f"remove={m} is out of range for {n} blocks with {len(keep)} kept; use 1..{upper}.")
+        check_in_range("remove", m, 1, upper, blocks_where("model", n, len(keep)), error=InfeasibleError)
         return m, keep
 
 

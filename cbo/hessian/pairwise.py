@@ -25,9 +25,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from cbo.checks import check_float
 from cbo.errors import InvalidOptionError
 from cbo.hessian.base import Estimator, register
-from cbo.hessian.options import check_number
 
 
 @register
@@ -46,7 +46,7 @@ class PairwiseEstimator(Estimator):
         def validate(self) -> None:
             if self.couplings not in ("raw", "positive"):
                 raise InvalidOptionError(f"pairwise couplings must be 'raw' or 'positive', got {self.couplings!r}.")
-            check_number(self.coupling_scale, "pairwise coupling_scale")
+            check_float("pairwise coupling_scale", self.coupling_scale, 0)
 
     def chunks(self) -> list[list[tuple[int, ...]]]:
         """The sets by first block: ``[(i,), (i, i+1), ..., (i, N-1)]`` for each i (they share the stream of i)."""

@@ -34,9 +34,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from cbo.checks import check_float, check_int
 from cbo.hessian.base import register
 from cbo.hessian.hybrid import CalibrationLosses, TargetedEstimator, TargetedOptions
-from cbo.hessian.options import check_int, check_number
 
 
 def flip_delta(H: np.ndarray, g: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -66,10 +66,10 @@ class TrustRegionEstimator(TargetedEstimator):
 
         def validate(self) -> None:
             TargetedOptions.validate(self)
-            check_int(self.radius, "radius", 1)
-            check_int(self.proposals, "proposals", 1)
-            check_int(self.max_steps, "max_steps", 0)
-            check_number(self.locality, "locality")
+            check_int("radius", self.radius, 1)
+            check_int("proposals", self.proposals, 1)
+            check_int("max_steps", self.max_steps, 0)
+            check_float("locality", self.locality, 0)
 
     # ------------------------------------------------------------------ the search
     def _start(self, H: np.ndarray, g: np.ndarray, m: int, keep: set[int]) -> np.ndarray:

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from cbo.checks import is_int
+
 METRICS = ("kl", "ce", "agree")
 
 
@@ -92,7 +94,7 @@ class BatchCache:
         if not isinstance(sets, list) or not all(isinstance(s, list) for s in sets):
             return "its list of removal sets is malformed"
         flat = [b for s in sets for b in s]
-        if not all(isinstance(b, int) and not isinstance(b, bool) for b in flat):
+        if not all(is_int(b) for b in flat):
             return "its removal sets hold non-integer blocks"
         if self.n_blocks is not None and any(not 0 <= b < self.n_blocks for b in flat):
             return f"its removal sets name blocks outside 0..{self.n_blocks - 1}"

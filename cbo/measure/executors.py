@@ -28,7 +28,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import CBOError
+from cbo.files import CheckpointFile
 
 LOSSES = ("kl", "ce")
 SetKey = tuple[int, ...]
@@ -53,13 +55,15 @@ class WindowLosses:
     def __init__(self, model: Any, blocks: Sequence[Any], windows: Any, *, keep_windows: int = 32) -> None:
         import torch
 
+        from cbo.model.forward import input_device
+
         self.model = model
         self.blocks = list(blocks)
         self.windows = torch.as_tensor(windows)
         if self.windows.ndim != 2 or self.windows.shape[0] < 1:
             raise CBOError(f"windows must be a (W, T) token tensor with W >= 1, got shape {tuple(self.windows.shape)}")
         self.keep_windows = max(1, int(keep_windows))
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
         self._meters: OrderedDict[int, Any] = OrderedDict()
         self.fpe = 0.0
 
@@ -171,8 +175,7 @@ class RayExecutor:
         from cbo.extras import require
 
         ray = require("ray", "the Ray pool of model replicas")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise CBOError(f"workers must be an integer >= 1, got {workers!r}")
+        check_int("workers", workers, 1)
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": max(workers, 1)}
             ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False, **kwargs)
@@ -272,7 +275,7 @@ class Measurements:
         self.original |= {w for v in self.values.values() for w in v}  # a measured window had its original pass
 
 
-class SearchCheckpoint:
+class SearchCheckpoint(CheckpointFile):
     """One JSON file holding a search's state (and its :class:`Measurements`), written atomically.
 
     A run writes it after each finished step (generation, round); a run started with the same ``identity`` reads
@@ -280,39 +283,29 @@ class SearchCheckpoint:
     """
 
     def __init__(self, path: Any, identity: dict[str, Any]) -> None:
-        from pathlib import Path
-
-        self.path = Path(path)
+        super().__init__(path)
         self.identity = json_round_trip(identity)
 
     def load(self) -> dict[str, Any] | None:
         import json
-        import warnings
 
-        if not self.path.exists():
-            return None
         try:
-            data = json.loads(self.path.read_text())
+            raw = self.read()
+            data = json.loads(raw) if raw is not None else None
         except (OSError, ValueError) as exc:
-            warnings.warn(f"ignoring unreadable checkpoint {str(self.path)!r} ({exc}); starting over", stacklevel=2)
+            self.starting_over("unreadable", exc)
             return None
-        if data.get("identity") != self.identity:
-            warnings.warn(f"checkpoint {str(self.path)!r} belongs to another run; starting over", stacklevel=2)
+        if data is None:
+            return None
+        if not isinstance(data, dict) or data.get("identity") != self.identity or "state" not in data:
+            self.starting_over("another run's")
             return None
         return data["state"]
 
     def save(self, state: dict[str, Any]) -> None:
         import json
-        import os
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps({"identity": self.identity, "state": state}))
-            os.replace(tmp, self.path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        self.write(json.dumps({"identity": self.identity, "state": state}).encode())
 
 
 def json_round_trip(value: Any) -> Any:

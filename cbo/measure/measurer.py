@@ -8,14 +8,14 @@ blocks share the computation up to their first difference; layers and attention/
 :class:`~cbo.measure.cache.MeasureCache` on disk keeps every measured value, so a rerun or an
 interrupted job measures only what is new.
 
-Work is counted in forward-pass equivalents (:class:`Work`): decoder-layer calls, head runs and full passes,
+Work is counted in forward-pass equivalents (FPE, :class:`Work`): decoder-layer calls, head runs and full passes,
 each weighted by the parameters it runs, relative to one full forward of the model over the measurer's
 windows (or over ``unit_windows`` windows). Measuring a set of deep layers costs a fraction of one.
 
 Example:
     >>> m = Measurer(model, find_blocks(model), splits.validation)      # doctest: +SKIP
     >>> out = m.losses([(3, 7), (20, 21)], windows=8)                   # doctest: +SKIP
-    >>> out.mean("kl"), m.work.forward_equivalents                      # doctest: +SKIP
+    >>> out.mean("kl"), m.work.fpe                                      # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
+from cbo.checks import check_int
 from cbo.errors import DataError, InvalidOptionError, ModelError
 from cbo.measure.cache import MeasureCache
 from cbo.measure.replay import PART_MASK, WHOLE, RemovalLosses, parameter_count, removal_events
@@ -46,7 +47,8 @@ class Work:
         layer_calls: decoder-layer calls (each on one batch); ``head_runs``: runs of the final norm and head.
         full_passes: full gated forward passes (for models that cannot be replayed).
         original_passes: passes of the original model (teacher and recorded streams), at most one per batch.
-        forward_equivalents: everything above, relative to one full forward over the unit windows.
+        fpe: everything above in forward-pass equivalents, relative to one full forward over the unit windows (the
+            project's one cost unit; ``Measurements.fpe`` counts the same).
     """
 
     sets: int = 0
@@ -55,7 +57,7 @@ class Work:
     head_runs: int = 0
     full_passes: int = 0
     original_passes: int = 0
-    forward_equivalents: float = 0.0
+    fpe: float = 0.0
 
     def __add__(self, other: Work) -> Work:
         return Work(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -65,20 +67,8 @@ class Work:
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["forward_equivalents"] = round(self.forward_equivalents, 4)
+        out["fpe"] = round(self.fpe, 4)
         return out
-
-    def calls(self) -> dict[str, Any]:
-        """The work in the words of :func:`measure_sets`: ``layer_calls``, ``tail_calls`` (head runs),
-        ``full_calls``, ``original_calls``, ``measured`` (sets not found in the cache), ``forward_equivalents``."""
-        return {
-            "layer_calls": self.layer_calls,
-            "tail_calls": self.head_runs,
-            "full_calls": self.full_passes,
-            "original_calls": self.original_passes,
-            "measured": self.sets,
-            "forward_equivalents": self.forward_equivalents,
-        }
 
 
 def batch_work(meter: RemovalLosses, rows: int, unit_windows: int) -> Work:
@@ -178,8 +168,7 @@ class Measurer:
         unit_windows: int | None = None,
         progress: bool = False,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidOptionError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+        check_int("batch_size", batch_size, 1)
         if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.shape[0] == 0:
             shape = tuple(windows.shape) if isinstance(windows, torch.Tensor) else type(windows).__name__
             raise DataError(f"windows must be a non-empty (B, T) tensor of token ids, got {shape}.")
@@ -229,8 +218,7 @@ class Measurer:
         """
         keys = self.check_sets(sets)
         n = self.n_windows if windows is None else windows
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.n_windows:
-            raise InvalidOptionError(f"windows must be an integer in 1..{self.n_windows}, got {windows!r}.")
+        check_int("windows", n, 1, self.n_windows)
         values = {m: np.zeros((len(keys), n)) for m in ("kl", "ce", "agree")}
         base_ce = np.zeros(n)
         device = input_device(self.model)
@@ -289,14 +277,13 @@ def measure_sets(
     """Per-sequence losses of every removal set over all windows (a one-shot :class:`Measurer`).
 
     Returns:
-        ``{"kl", "ce", "agree": (n_sets, B), "base_ce": (B,)}`` and the work done: ``layer_calls``,
-        ``tail_calls`` (head runs), ``full_calls`` (full gated passes), ``original_calls`` (original passes, at
-        most one per batch), ``measured`` (set-batch measurements not found in the cache) and
-        ``forward_equivalents`` (relative to one forward over all the windows).
+        ``{"kl", "ce", "agree": (n_sets, B), "base_ce": (B,), "work": Work}``: the losses, and the work done
+        (its ``fpe`` relative to one forward over all the windows; ``sets``: set-batch measurements not found in
+        the cache).
     """
     measurer = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, prefix=prefix, retain=False)
     out = measurer.losses(sets)
-    return {"kl": out.kl, "ce": out.ce, "agree": out.agreement, "base_ce": out.base_ce, **measurer.work.calls()}
+    return {"kl": out.kl, "ce": out.ce, "agree": out.agreement, "base_ce": out.base_ce, "work": measurer.work}
 
 
 __all__ = ["MeasureCache", "Measurer", "RemovalLosses", "SetLosses", "Work", "measure_sets"]

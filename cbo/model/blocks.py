@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cbo.checks import is_int
 from cbo.errors import InfeasibleError, ModelError
 from cbo.extras import require
 from cbo.model.families import ARCHITECTURES, SUPPORTED, ArchSpec, blocks_of_kind, combined_kind, module_kind
@@ -220,6 +221,10 @@ SUFFIX = {"attention": "attn", "mamba": "mamba", "mlp": "mlp", "moe": "moe"}
 def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
     """The removable blocks of ``model`` in forward order.
 
+    Kinds: ``"layer"`` for the layers of a uniform stack; the kind of what a block holds otherwise
+    (``attention``, ``mamba``, ``mlp``, ``moe``, or combined such as ``"mamba+mlp"`` for a hybrid layer). Sublayer
+    names say the kind: ``layers.3.attn``, ``layers.3.mamba``, ``layers.3.mlp``, ``layers.3.moe``.
+
     Args:
         model: a Hugging Face causal LM of a known family (:data:`cbo.model.families.ARCHITECTURES`: Llama, Mistral,
             Qwen2/3, Gemma 1/2/3, Phi-3, OLMo 2, GPT-2, GPT-NeoX, the MoE and the hybrid families) or any model
@@ -227,10 +232,6 @@ def find_blocks(model: Any, granularity: str = "layer") -> list[Block]:
         granularity: ``"layer"`` (one block per decoder layer) or ``"sublayer"`` (the mixer and the MLP half of
             each layer, ordered ``layers.0.attn, layers.0.mlp, layers.1.attn, ...``; a single-branch layer, such as
             Nemotron-H's, is one block either way).
-
-    Kinds: ``"layer"`` for the layers of a uniform stack; the kind of what a block holds otherwise
-    (``attention``, ``mamba``, ``mlp``, ``moe``, or combined such as ``"mamba+mlp"`` for a hybrid layer). Sublayer
-    names say the kind: ``layers.3.attn``, ``layers.3.mamba``, ``layers.3.mlp``, ``layers.3.moe``.
 
     Example:
         >>> names = [b.name for b in find_blocks(model, "sublayer")]   # doctest: +SKIP
@@ -309,7 +310,7 @@ def resolve_keep(keep: Any, blocks: Any) -> list[int]:
                 )
             out += of_kind or [names.index(k)]
             continue
-        if isinstance(k, bool) or not isinstance(k, str) and not hasattr(k, "__index__"):
+        if not isinstance(k, str) and not is_int(k):
             raise InfeasibleError(f"keep lists blocks by index or name, got {k!r} of type {type(k).__name__}.")
         i = int(k)
         if not 0 <= i < len(blocks):

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cbo.errors import CBOError
+from cbo.checks import check_int
 from cbo.extras import require
 
 torch = require("torch", "running a model")
@@ -25,9 +25,16 @@ def model_logits(model: Any, tokens: Any) -> Any:
 
 
 def window_batches(windows: Any, batch_size: int) -> Iterator[tuple[int, Any]]:
-    """``(start, windows[start : start + batch_size])`` over the rows of ``windows``."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise CBOError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    """``(start, windows[start : start + batch_size])`` over the rows of ``windows``.
+
+    Raises:
+        InvalidOptionError: ``batch_size`` is not an integer >= 1 (checked before the first batch).
+    """
+    batch_size = check_int("batch_size", batch_size, 1)
+    return _slices(windows, batch_size)
+
+
+def _slices(windows: Any, batch_size: int) -> Iterator[tuple[int, Any]]:
     for start in range(0, windows.shape[0], batch_size):
         yield start, windows[start : start + batch_size]
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from cbo.checks import check_int
+from cbo.checks import check_int, is_number
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
 from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
 from cbo.pipeline.reports import DepthReport, ValidatedState
@@ -172,8 +172,7 @@ def prune_depth(
     if method not in methods:
         raise CBOError(f"unknown method {method!r}; valid methods: {methods}.")
     for label, v, least in (("top_k", top_k, 1), ("validate", validate, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
-            raise CBOError(f"{label} must be an integer >= {least}, got {v!r}.")
+        check_int(label, v, least)
     refine = check_refine(refine, method, n_calibration if splits is None else len(splits.calibration))
     dtype, device = check_run_options(
         seq_len=seq_len, n_calibration=n_calibration, n_validation=n_validation, batch_size=batch_size, seed=seed,
@@ -242,9 +241,9 @@ def prune_depth(
     t = time.perf_counter()
     validated, original_metrics, measured, work = [], {}, {}, {}
     if qubo is not None:
-        work["estimate_forward_equivalents"] = qubo.metadata.get("forward_equivalents")
+        work["estimate_fpe"] = qubo.metadata.get("fpe")
     if refine is not None:
-        work["estimate_forward_equivalents"] = refine_work["prior_forward_equivalents"]
+        work["estimate_fpe"] = refine_work["prior_fpe"]
         work["refine"] = refine_work
     if splits.validation.shape[0]:
         validation = validate_candidates(
@@ -324,8 +323,7 @@ def check_refine(refine: Any, method: str, n_calibration: int) -> float | None:
         return None
     if method != "cbo":
         raise InvalidOptionError(f"refine applies to method='cbo' only, got method={method!r}; drop refine.")
-    ok = isinstance(refine, (int, float, np.integer, np.floating)) and not isinstance(refine, bool)
-    if not ok or not math.isfinite(float(refine)) or float(refine) <= 0:
+    if not is_number(refine) or not math.isfinite(float(refine)) or float(refine) <= 0:
         raise InvalidOptionError(
             f"refine must be a budget in forward-pass equivalents > 0 (e.g. refine=300), got {refine!r}."
         )
@@ -392,13 +390,13 @@ def refine_qubo(
         if bar is not None:
             bar.close()
     work = {
-        "forward_equivalents": r.cost["rounds"],
+        "fpe": r.cost["rounds"],
         "budget": budget,
         "rounds": len(r.rounds),
         "stopped": r.stopped,
         "measured_sets": len(r.states),
         "best_calibration_kl": float(r.states.energies[0]),
-        "prior_forward_equivalents": prior.metadata.get("forward_equivalents"),
+        "prior_fpe": prior.metadata.get("fpe"),
         "wall_time": time.perf_counter() - t,
     }
     return r.qubo, r.states, work

@@ -372,7 +372,8 @@ class DepthReport(Report):
             ("agree", "right"),
             ("", "left"),
         ):
-            table.add_column(col, justify=just)
+            # the removed set is the result: wrapped on narrow screens and in files, never cut
+            table.add_column(col, justify=just, overflow="fold" if col == "removed blocks" else "ellipsis")
         if self.states is not None:
             rows = [(s.rank, list(s.removed), s.energy) for s in self.states]
         else:
@@ -382,7 +383,7 @@ class DepthReport(Report):
             chosen = removed == self.chosen_blocks
             table.add_row(
                 "–" if rank is None else str(rank),
-                ",".join(map(str, removed)),
+                ", ".join(map(str, removed)),
                 "–" if energy is None else f"{energy:.5g}",
                 "–" if v is None else f"{v.kl:.4f}",
                 "–" if v is None else f"{v.ppl:.2f}",

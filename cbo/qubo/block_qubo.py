@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from cbo.checks import blocks_where, check_in_range, check_int, is_int
 from cbo.errors import CorruptFileError, InfeasibleError, InvalidQUBOError
 from cbo.files import archive_checksum, read_archive, write_archive
 
@@ -202,7 +203,7 @@ class BlockQUBO:
 
     def index(self, block: int | str) -> int:
         """Index of a block given by index or name."""
-        if isinstance(block, (int, np.integer)) and not isinstance(block, bool):
+        if is_int(block):
             i = int(block)
             if not 0 <= i < self.n:
                 raise InvalidQUBOError(f"block index {i} is out of range; valid: 0..{self.n - 1}.")
@@ -266,15 +267,8 @@ class BlockQUBO:
     def check_remove(self, remove: int) -> None:
         """Raise a clear error when no state with Σx = ``remove`` can satisfy the constraints."""
         c = self.constraints
-        if isinstance(remove, bool) or not isinstance(remove, (int, np.integer)):
-            raise InfeasibleError(f"remove (M) must be an integer, got {remove!r}.")
-        remove = int(remove)
-        free_max = self.n - len(c.keep)
-        if remove < 0 or remove > free_max:
-            raise InfeasibleError(
-                f"remove={remove} is out of range: with {self.n} blocks and {len(c.keep)} kept, "
-                f"M must be in 0..{free_max}."
-            )
+        where = blocks_where("QUBO", self.n, len(c.keep))
+        remove = check_in_range("remove", remove, 0, self.n - len(c.keep), where, error=InfeasibleError)
         if remove < len(c.force):
             raise InfeasibleError(
                 f"remove={remove} is smaller than the {len(c.force)} forced blocks; use M >= {len(c.force)}."
@@ -419,7 +413,7 @@ class BlockQUBO:
         fmt, version = meta.get("format"), meta.get("version", 0)
         if fmt != FILE_FORMAT:
             raise CorruptFileError(f"{label} has format {fmt!r}, expected {FILE_FORMAT!r}.")
-        if isinstance(version, bool) or not isinstance(version, int):
+        if not is_int(version):
             raise CorruptFileError(f"{label} has version {version!r}; a version must be a whole number.")
         if version > FILE_VERSION:
             raise CorruptFileError(
@@ -472,12 +466,9 @@ class BlockQUBO:
         for kind, cap in caps.items():
             if kind not in self.kinds:
                 raise InvalidQUBOError(f"cap given for kind {kind!r}, but the kinds are {sorted(set(self.kinds))}.")
-            if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 0:
-                raise InvalidQUBOError(f"cap for kind {kind!r} must be an integer >= 0, got {cap!r}.")
-            caps[kind] = int(cap)
+            caps[kind] = check_int(f"cap for kind {kind!r}", cap, 0, error=InvalidQUBOError)
         for label, v in (("max_removed_params", max_removed_params), ("min_removed_params", min_removed_params)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
-                raise InvalidQUBOError(f"{label} must be an integer >= 0 or None, got {v!r}.")
+            check_int(label, v, 0, none_ok=True, error=InvalidQUBOError)
         if (
             max_removed_params is not None
             and min_removed_params is not None
@@ -510,7 +501,7 @@ def _block_list(blocks: Any, label: str) -> list[Any]:
     """A keep/force argument as a list: one index or name counts as a list of one; anything else is refused."""
     if blocks is None:
         return []
-    if isinstance(blocks, (str, int, np.integer)) and not isinstance(blocks, bool):
+    if isinstance(blocks, str) or is_int(blocks):
         return [blocks]
     try:
         items = list(blocks)

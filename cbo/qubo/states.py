@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from cbo.checks import is_int
 from cbo.errors import CorruptFileError, SolverError
 from cbo.jsonable import jsonable
 
@@ -77,15 +78,17 @@ class RankedStates:
         remove: int,
         k: int,
         *,
-        solver: str,
-        exact: bool,
-        wall_time: float = 0.0,
-        options: Mapping[str, Any] | None = None,
         info: Mapping[str, Any] | None = None,
+        **record: Any,
     ) -> RankedStates:
         """Keep feasible candidates, drop duplicates, recompute energies, sort, take the best k.
 
         Ties in energy are ordered by the removed-block indices so results are deterministic.
+
+        Args:
+            info: the solver's info; ``candidates`` and ``feasible_candidates`` (counts) are added.
+            **record: the rest of the solver's record as :class:`RankedStates` takes it (``solver``, ``exact``,
+                ``wall_time``, ``options``).
         """
         X = np.asarray(candidates, dtype=np.uint8).reshape(-1, qubo.n)
         n_in = X.shape[0]
@@ -103,17 +106,7 @@ class RankedStates:
         info = dict(info or {})
         info.setdefault("candidates", int(n_in))
         info.setdefault("feasible_candidates", int(n_feasible))
-        return cls(
-            X,
-            E,
-            names=qubo.names,
-            remove=remove,
-            solver=solver,
-            exact=exact,
-            wall_time=wall_time,
-            options=options,
-            info=info,
-        )
+        return cls(X, E, names=qubo.names, remove=remove, info=info, **record)
 
     # ----------------------------------------------------------------- views
     def __len__(self) -> int:
@@ -269,13 +262,13 @@ class RankedStates:
 
 def edited_states_reason(n: int, remove: Any, removed: Any, energies: np.ndarray) -> str | None:
     """Why saved ranked states cannot be a solver's output (None when they can)."""
-    if isinstance(remove, bool) or not isinstance(remove, int) or not 0 <= remove <= n:
+    if not is_int(remove) or not 0 <= remove <= n:
         return f"remove={remove!r} is not a block count in 0..{n}"
     if not isinstance(removed, list) or len(removed) != len(energies):
         return f"'removed' must list one state per energy ({len(energies)})"
     seen = set()
     for r, rem in enumerate(removed):
-        ok = isinstance(rem, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in rem)
+        ok = isinstance(rem, list) and all(is_int(i) for i in rem)
         if not ok or any(not 0 <= i < n for i in rem):
             return f"state {r} ({str(rem)[:60]}) holds block indices outside 0..{n - 1}"
         if len(set(rem)) != remove:

@@ -17,6 +17,7 @@ from typing import Any
 
 from cbo.errors import InvalidOptionError
 from cbo.extras import has_module, require
+from cbo.model.forward import input_device, window_batches
 from cbo.recovery.healing import heal
 from cbo.width.scores.base import lm_loss
 
@@ -28,10 +29,8 @@ RECOVERY = ("lora", "full")
 @torch.no_grad()
 def lm_loss_of(model: Any, windows: Any, batch_size: int = 4) -> float:
     """Mean next-token loss of ``model`` on ``windows`` (eval mode)."""
-    device = next(model.parameters()).device
-    losses = [
-        float(lm_loss(model, windows[i : i + batch_size].to(device))) for i in range(0, windows.shape[0], batch_size)
-    ]
+    device = input_device(model)
+    losses = [float(lm_loss(model, batch.to(device))) for _, batch in window_batches(windows, batch_size)]
     return sum(losses) / len(losses)
 
 

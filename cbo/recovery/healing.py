@@ -29,18 +29,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cbo.checks import check_float, check_int, check_seed
 from cbo.data.windows import check_windows, data_hash, model_vocab_size
 from cbo.errors import CorruptFileError, DataError, InvalidOptionError, ModelError
 from cbo.extras import require
+from cbo.files import CheckpointFile, atomic_write_text, record_written
+from cbo.model.forward import input_device
 from cbo.model.structures import model_structures
 
 torch = require("torch", "recovery fine-tuning")
@@ -82,30 +87,16 @@ class HealOptions:
     def validate(self) -> None:
         """Raise :class:`InvalidOptionError` (or :class:`MissingExtraError` for LoRA without peft) on a bad option."""
 
-        def integer(name: str, low: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise InvalidOptionError(f"heal {name} must be an integer >= {low}, got {v!r}")
-
-        def positive(name: str, allow_zero: bool = False) -> None:
-            v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not ok or v < 0 or (v == 0 and not allow_zero):
-                raise InvalidOptionError(f"heal {name} must be a number {'>=' if allow_zero else '>'} 0, got {v!r}")
-
         for name, choices in (("method", METHODS), ("loss", LOSSES), ("schedule", SCHEDULES)):
             if getattr(self, name) not in choices:
                 raise InvalidOptionError(f"unknown heal {name} {getattr(self, name)!r}; use one of {list(choices)}")
-        integer("steps", 0)
-        integer("batch_size", 1)
-        integer("warmup", 0)
-        integer("seed", 0)
-        integer("lora_rank", 1)
-        positive("lr")
-        positive("temperature")
-        positive("lora_alpha")
-        positive("weight_decay", allow_zero=True)
-        positive("grad_clip", allow_zero=True)
+        for name, low in (("steps", 0), ("batch_size", 1), ("warmup", 0), ("lora_rank", 1)):
+            check_int(f"heal {name}", getattr(self, name), low)
+        check_seed("heal seed", self.seed)
+        for name in ("lr", "temperature", "lora_alpha"):
+            check_float(f"heal {name}", getattr(self, name), 0, lo_open=True)
+        for name in ("weight_decay", "grad_clip"):
+            check_float(f"heal {name}", getattr(self, name), 0)
         if self.warmup > self.steps:
             raise InvalidOptionError(f"heal warmup ({self.warmup}) must not exceed steps ({self.steps})")
         if self.method == "lora":
@@ -167,7 +158,8 @@ class HealResult:
         from cbo.surgery.io import save_pruned
 
         folder = save_pruned(self.model, path, tokenizer)
-        (folder / "heal.json").write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        atomic_write_text(folder / "heal.json", json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        record_written(folder, [folder / "heal.json"])
         return folder
 
 
@@ -253,32 +245,28 @@ def check_heal_options(steps: int, method: str = "lora", **options: Any) -> Heal
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-class Checkpoint:
+class Checkpoint(CheckpointFile):
     """The resumable state of one heal in a folder (one file, replaced atomically)."""
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
-        self.file = self.folder / CHECKPOINT_FILE
-
-    def exists(self) -> bool:
-        return self.file.is_file()
+        super().__init__(self.folder / CHECKPOINT_FILE)
 
     def load(self) -> dict[str, Any]:
         try:
-            state = torch.load(self.file, map_location="cpu", weights_only=False)
+            state = torch.load(io.BytesIO(self.read() or b""), map_location="cpu", weights_only=False)
         except Exception as exc:  # a truncated or foreign file: say which, and what to do
             raise CorruptFileError(
-                f"cannot read the heal checkpoint {str(self.file)!r} ({exc}); delete it to start afresh"
+                f"cannot read the heal checkpoint {str(self.path)!r} ({exc}); delete it to start afresh"
             ) from exc
         if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
-            raise CorruptFileError(f"{str(self.file)!r} is not a heal checkpoint of version {CHECKPOINT_VERSION}")
+            raise CorruptFileError(f"{str(self.path)!r} is not a heal checkpoint of version {CHECKPOINT_VERSION}")
         return state
 
     def save(self, state: dict[str, Any]) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        torch.save({"version": CHECKPOINT_VERSION, **state}, tmp)
-        os.replace(tmp, self.file)
+        buf = io.BytesIO()
+        torch.save({"version": CHECKPOINT_VERSION, **state}, buf)
+        self.write(buf.getvalue())
 
     def check(self, state: dict[str, Any], fingerprint: dict[str, Any], steps: int) -> None:
         """Refuse a checkpoint of another heal, or one already past ``steps``."""
@@ -383,7 +371,8 @@ def heal(
         weight_decay / grad_clip: AdamW's decoupled weight decay; maximum gradient norm (0: none).
         checkpoint_dir: folder of the resumable state (None: no checkpoints).
         checkpoint_every: steps between checkpoints (default a tenth of ``steps``).
-        resume: continue from the checkpoint in ``checkpoint_dir`` (a fresh start when there is none).
+        resume: continue from the checkpoint in ``checkpoint_dir`` (a fresh start, with a warning, when there is
+            none).
         seed: decides the batch order.
         progress: a progress bar with the running loss.
         on_step: called as ``on_step(step, loss)`` after every step (1-based).
@@ -415,8 +404,7 @@ def heal(
     )
     if opts.loss == "kd" and teacher is None:
         raise InvalidOptionError("loss='kd' distils from a teacher; pass the unpruned model as teacher, or loss='lm'")
-    if checkpoint_every is not None and (isinstance(checkpoint_every, bool) or int(checkpoint_every) < 1):
-        raise InvalidOptionError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    check_int("checkpoint_every", checkpoint_every, 1, none_ok=True)
     if resume and checkpoint_dir is None:
         raise InvalidOptionError("resume=True needs the checkpoint_dir of the heal to continue")
     windows = check_windows(windows, student)
@@ -443,7 +431,11 @@ def heal(
             )
         state = ckpt.load()
         ckpt.check(state, fingerprint, steps)
-    device = next(student.parameters()).device
+    elif resume:
+        warnings.warn(
+            f"resume=True, but {str(ckpt.folder)!r} holds no heal checkpoint; training from step 0.", stacklevel=2
+        )
+    device = input_device(student)
     # the heal's own random stream (LoRA's initial adapters, dropout), seeded or restored; the caller's is untouched
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(opts.seed)
@@ -468,7 +460,7 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
     """The training loop of :func:`heal`: returns ``(model, losses, resumed_from, seconds)``."""
     steps = opts.steps
     every = int(checkpoint_every) if checkpoint_every is not None else max(1, math.ceil(steps / 10))
-    device = next(student.parameters()).device
+    device = input_device(student)
     was_training = student.training
     trainable = _Trainable(student, opts)
     params = [p for _, p in trainable.named]
@@ -516,7 +508,7 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
             logits = trainable.model(input_ids=batch, use_cache=False).logits
             if opts.loss == "kd":
                 with torch.no_grad():
-                    target = teacher(input_ids=batch.to(next(teacher.parameters()).device), use_cache=False).logits
+                    target = teacher(input_ids=batch.to(input_device(teacher)), use_cache=False).logits
                 value = kd_loss(logits, target.to(logits.device), opts.temperature)
             else:
                 value = next_token_loss(logits, batch)

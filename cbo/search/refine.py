@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import CBOError, InvalidOptionError
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.qubo.states import RankedStates
@@ -342,8 +343,7 @@ def _metadata(prior: BlockQUBO, rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _check(low, high, batch, promote, thompson, validate, patience, n_pool, budget) -> None:
     for name, value in (("low_windows", low), ("high_windows", high), ("batch", batch), ("validate", validate)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise InvalidOptionError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int(name, value, 1)
     if not low <= high <= n_pool:
         raise InvalidOptionError(
             f"need low_windows <= high_windows <= calibration windows, got {low}, {high}, {n_pool}"
@@ -352,8 +352,7 @@ def _check(low, high, batch, promote, thompson, validate, patience, n_pool, budg
         raise InvalidOptionError(f"promote must be in 0..batch={batch}, got {promote!r}")
     if not 0.0 <= thompson <= 1.0:
         raise InvalidOptionError(f"thompson must be a share in [0, 1], got {thompson!r}")
-    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-        raise InvalidOptionError(f"patience must be an integer >= 1, got {patience!r}")
+    check_int("patience", patience, 1)
     if not (isinstance(budget, (int, float)) and budget > 0):
         raise InvalidOptionError(f"budget must be a positive number of forward-pass equivalents, got {budget!r}")
 
@@ -364,8 +363,7 @@ def _check_local(local, thompson, parents, screen) -> None:
             f"local and thompson are shares of the batch with local + thompson <= 1, got {local!r}, {thompson!r}"
         )
     for name, value in (("local_parents", parents), ("screen", screen)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise InvalidOptionError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int(name, value, 1)
 
 
 def refine(
@@ -496,7 +494,7 @@ def _prior(model, blocks, calibration, hi_ids, prior, prior_cost, measure) -> tu
             names=names,
             kinds=kinds,
             sizes=sizes,
-            metadata={"estimator": "singles", "loss": "kl", "windows": list(hi_ids), "forward_equivalents": cost},
+            metadata={"estimator": "singles", "loss": "kl", "windows": list(hi_ids), "fpe": cost},
         )
         return q, cost
     if not isinstance(prior, str):
@@ -505,6 +503,6 @@ def _prior(model, blocks, calibration, hi_ids, prior, prior_cost, measure) -> tu
 
     q = estimate_hessian(model, None, calibration[hi_ids], estimator=prior, blocks=blocks, progress=False)
     meta = q.metadata
-    per_batch = meta.get("forward_equivalents", meta.get("forward_passes", 0) + 2 * meta.get("backward_passes", 0))
+    per_batch = meta.get("fpe", meta.get("forward_passes", 0) + 2 * meta.get("backward_passes", 0))
     cost = float(per_batch) * min(int(meta.get("batch_size", 8)), len(hi_ids))
     return q, cost

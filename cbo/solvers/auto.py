@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import is_number
 from cbo.errors import SolverOptionError
 from cbo.solvers.base import Problem, Solver, SolverOutput, get, register, run_solver
 from cbo.solvers.enumerate.strategy import choose_strategy
@@ -109,7 +110,7 @@ class AutoSolver(Solver):
         backend_options: dict[str, Any] | None = None
 
         def validate(self) -> None:
-            if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not self.budget > 0:
+            if not is_number(self.budget) or not self.budget > 0:
                 raise SolverOptionError(f"budget must be > 0 seconds, got {self.budget!r}.")
             if self.backend != "local" or self.backend_options is not None:
                 # the enumerator checks (and normalizes) its backend settings before any work starts

@@ -261,6 +261,10 @@ def solve(
 ) -> RankedStates:
     """The ``k`` lowest-energy states that remove exactly ``remove`` blocks.
 
+    Ctrl-C (SIGINT) while a solver runs in the main thread makes it stop and return its best states so
+    far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
+    Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
+
     Args:
         qubo: the energy and its constraints.
         remove: M, the number of blocks to remove.
@@ -277,9 +281,8 @@ def solve(
             problem), and (as ``auto``, which passes them on) ``backend="ray"`` (enumeration sharded over
             Ray workers, the same result; the ``ray`` extra) or ``"gpu"``, with ``backend_options``.
 
-    Ctrl-C (SIGINT) while a solver runs in the main thread makes it stop and return its best states so
-    far, with ``info["interrupted"] = True`` and ``exact`` False unless it had already finished; a second
-    Ctrl-C raises ``KeyboardInterrupt`` at once (as does the first when nothing was found yet).
+    Returns:
+        :class:`RankedStates`: the states by increasing energy, with the solver's record (``exact``, ``info``).
 
     Example:
         >>> import numpy as np, cbo
@@ -290,12 +293,9 @@ def solve(
     if not isinstance(qubo, BlockQUBO):
         raise InvalidQUBOError(f"solve() needs a BlockQUBO, got {type(qubo).__name__}.")
     if keep is not None or force is not None:
-        changes = {}
-        if keep is not None:
-            changes["keep"] = block_list(keep, "keep")
-        if force is not None:
-            changes["force"] = block_list(force, "force")
-        qubo = qubo.with_constraints(**changes)
+        # one index or name counts as a list of one (the QUBO's own rule, and its error for anything else)
+        changes = {"keep": keep, "force": force}
+        qubo = qubo.with_constraints(**{name: v for name, v in changes.items() if v is not None})
     qubo.check_remove(remove)
     k = check_int("k", k, lo=1, error=SolverOptionError)
     time_limit = check_float("time_limit (seconds)", time_limit, lo=0, lo_open=True, finite=False, none_ok=True,
@@ -370,18 +370,6 @@ def note_fewer_states(result: RankedStates, qubo: BlockQUBO, remove: int, k: int
         f"{name} returned {len(result)} distinct feasible states of the {k} asked for ({why}); ask it for more "
         "samples (-o num_reads=...) or use a solver that lists k states (enumerate, swap-sa)."
     )
-
-
-def block_list(blocks: Any, label: str) -> list[Any]:
-    """``keep``/``force`` as a list: one block index or name becomes a one-element list."""
-    if isinstance(blocks, (str, int, np.integer)) and not isinstance(blocks, bool):
-        return [blocks]
-    try:
-        return list(blocks)
-    except TypeError:
-        raise SolverError(
-            f"{label} must be a block index, a block name or a list of them, got {type(blocks).__name__} {blocks!r}."
-        ) from None
 
 
 def _options_record(opts: Any) -> dict[str, Any]:

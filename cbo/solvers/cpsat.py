@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import SolverError
 from cbo.extras import require
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
@@ -70,8 +71,7 @@ class CPSat(Solver):
         if options.formulation not in ("rlt", "minimal"):
             raise SolverError(f"formulation must be 'rlt' or 'minimal', got {options.formulation!r}.")
         workers = options.workers if options.workers is not None else min(8, os.cpu_count() or 1)
-        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-            raise SolverError(f"workers must be an integer >= 1, got {workers!r}.")
+        workers = check_int("workers", workers, 1, error=SolverError)
         if not (options.max_time and options.max_time > 0):
             raise SolverError(f"max_time must be > 0 seconds, got {options.max_time!r}.")
         deadline = problem.time_limit if problem.time_limit is not None else float(options.max_time)

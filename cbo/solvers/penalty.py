@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from cbo.checks import check_int, is_number
 from cbo.errors import SolverError, SolverOptionError
 from cbo.solvers.base import Problem, Solver, SolverOutput
 
@@ -83,7 +84,7 @@ def parse_penalty(penalty: Any, default_adaptive: bool) -> str | float:
         if penalty not in ("safe", "adaptive"):
             raise SolverOptionError(f"penalty must be 'safe', 'adaptive' or a number > 0, got {penalty!r}.")
         return penalty
-    if isinstance(penalty, bool) or not isinstance(penalty, (int, float, np.number)) or not np.isfinite(penalty):
+    if not is_number(penalty) or not np.isfinite(penalty):
         raise SolverOptionError(f"penalty must be 'safe', 'adaptive' or a number > 0, got {penalty!r}.")
     if penalty <= 0:
         raise SolverOptionError(f"penalty must be > 0, got {penalty!r}.")
@@ -92,9 +93,7 @@ def parse_penalty(penalty: Any, default_adaptive: bool) -> str | float:
 
 def positive(v: Any, label: str) -> int:
     """``v`` as an int, or SolverOptionError naming the option when it is not an integer >= 1."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise SolverOptionError(f"option {label!r} must be an integer >= 1, got {v!r}.")
-    return int(v)
+    return check_int(f"option {label!r}", v, 1, error=SolverOptionError)
 
 
 def round_seed(problem: Problem, round_: int) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import check_int, is_number
 from cbo.errors import SolverError, SolverUnavailableError
 from cbo.extras import has_module, require
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
@@ -180,9 +181,7 @@ class QAOASolver(Solver):
         if options.form not in ("xy", "penalty"):
             raise SolverError(f"form must be 'xy' or 'penalty', got {options.form!r}.")
         for label in ("reps", "shots", "maxiter"):
-            v = getattr(options, label)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise SolverError(f"option {label!r} must be an integer >= 1, got {v!r}.")
+            check_int(f"option {label!r}", getattr(options, label), 1, error=SolverError)
         if options.cvar is not None and not (0 < options.cvar <= 1):
             raise SolverError(f"cvar must be in (0, 1] or None, got {options.cvar!r}.")
         n, r = problem.n_free, problem.r
@@ -357,7 +356,7 @@ def _penalty(penalty: Any, problem: Problem, scale: float) -> float | None:
         return None
     if penalty == "safe":
         return reduced_safe_penalty(problem) / scale
-    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
+    if not is_number(penalty) or not penalty > 0:
         raise SolverError(f"penalty must be None, 'safe' or a number > 0, got {penalty!r}.")
     return float(penalty) / scale
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from cbo.checks import is_int, is_number
 from cbo.errors import SolverError, SolverOptionError
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 from cbo.solvers.constraints import FreeConstraints
@@ -232,7 +233,7 @@ class SwapAnnealer(_SwapSolver):
             super().validate()
             _check_counts(self, ("sweeps", "replicas"))
             for t in (self.t_hot, self.t_cold):
-                if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
+                if t is not None and (not is_number(t) or not t > 0):
                     raise SolverOptionError(
                         f"temperatures must be > 0, got t_hot={self.t_hot!r}, t_cold={self.t_cold!r}."
                     )
@@ -299,7 +300,7 @@ def _pool_size(pool: int | None, k: int) -> int:
 
 
 def _is_count(v: Any, low: int) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= low
+    return is_int(v) and v >= low
 
 
 def _check_counts(options: Any, names: tuple[str, ...]) -> None:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import CBOError, DataError, InvalidQUBOError
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.solvers.base import get, solve
@@ -171,8 +172,7 @@ def make_grid(
     unknown = sorted(set(options) - set(solvers))
     if unknown:
         raise CBOError(f"options given for solver(s) {unknown} that are not in the sweep {list(solvers)}.")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise CBOError(f"k must be an integer >= 1, got {k!r}.")
+    check_int("k", k, 1, error=CBOError)
     cells: list[Cell] = []
     for spec in instances:
         ident = instance_id(spec)

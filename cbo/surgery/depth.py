@@ -16,6 +16,7 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
+from cbo.checks import is_int
 from cbo.errors import ModelError
 from cbo.extras import require
 from cbo.model.blocks import Block, decoder_layers, layer_parts
@@ -55,7 +56,7 @@ def _layer_indices(blocks: Iterable[Any], n_layers: int) -> list[int]:
             if b.part != "layer":
                 raise ModelError(f"block {b.name!r} is a {b.kind} half; use remove_sublayers for sublayer blocks")
             b = b.layer
-        if isinstance(b, bool) or not isinstance(b, (int,)) and not hasattr(b, "__index__"):
+        if not is_int(b):
             raise ModelError(f"layer index {b!r} is not an integer")
         i = int(b)
         if not 0 <= i < n_layers:

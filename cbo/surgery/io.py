@@ -34,6 +34,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cbo.checks import is_int
 from cbo.errors import CorruptFileError, ModelError
 from cbo.extras import require
 from cbo.files import PRUNED_FORMAT_KEY
@@ -188,9 +189,7 @@ def remote_layout(model: Any) -> dict[str, Any]:
             if stock_param is None or tuple(stock_param.shape) != tuple(param.shape):
                 shapes[f"{path}.{name}" if path else name] = list(param.shape)
         changed = {
-            k: v
-            for k, v in vars(module).items()
-            if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_") and vars(ref).get(k) != v
+            k: v for k, v in vars(module).items() if is_int(v) and not k.startswith("_") and vars(ref).get(k) != v
         }
         if changed:
             attrs[path] = changed
@@ -466,7 +465,7 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
 
 
 def _index_list(value: Any, field: str, where: str) -> list[int]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+    if not isinstance(value, (list, tuple)) or not all(is_int(i) for i in value):
         raise CorruptFileError(f"{where}: {field} must be a list of layer indices, not {str(value)[:80]}.")
     if len(set(value)) != len(value) or any(i < 0 for i in value):
         raise CorruptFileError(f"{where}: {field} {list(value)} repeats an index or holds a negative one.")
@@ -481,7 +480,7 @@ def check_recorded_layout(config: Any, path: str | os.PathLike) -> None:
     c = text_config_of(config)
     where = f"the config in {str(path)!r} was edited or is damaged"
     n = getattr(c, "num_hidden_layers", None)
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+    if not is_int(n) or n < 0:
         raise CorruptFileError(f"{where}: num_hidden_layers is {n!r}, not a layer count.")
     original = getattr(c, ORIGINAL_KEY, None)
     removed = getattr(c, REMOVED_KEY, None)

@@ -31,10 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import is_int
 from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.evaluate import count_parameters, kl_to_reference, perplexity, reference_logits
 from cbo.extras import require
 from cbo.model.blocks import decoder_layers, find_blocks
+from cbo.model.forward import input_device, window_batches
 from cbo.recovery.finetune import RECOVERY, recover
 from cbo.surgery.depth import ORIGINAL_KEY, remove_blocks, text_config
 from cbo.width.allocate import check_ratio
@@ -69,7 +71,7 @@ def proposed_layer(proposer: DepthProposer | None, model: Any, calibration: Any)
     if layer is None:
         return None
     n = len(decoder_layers(model)[0])
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n:
+    if not is_int(layer) or not 0 <= int(layer) < n:
         raise InvalidOptionError(
             f"depth proposer {proposer_name(proposer)!r} returned {layer!r}; it must return a layer index in "
             f"0..{n - 1} or None"
@@ -141,9 +143,9 @@ class PathCriterion:
     def final_hidden(self, model: Any) -> Any:
         """The last hidden states of ``model`` on the control windows."""
         out = []
-        device = next(model.parameters()).device
-        for i in range(0, self.control.shape[0], self.batch_size):
-            batch = self.control[i : i + self.batch_size].to(device)
+        device = input_device(model)
+        for _, batch in window_batches(self.control, self.batch_size):
+            batch = batch.to(device)
             out.append(
                 model(input_ids=batch, output_hidden_states=True, use_cache=False).hidden_states[-1].float().cpu()
             )

@@ -119,7 +119,7 @@ def test_ppl_matches_remove_blocks_and_perplexity(llama, windows):
     assert r.select(2) == sorted(np.argsort(expected)[:2].tolist())
     # through the measurer's prefix tree: one original pass per batch, no model copy, no full pass per set
     work = r.info["measurement"]
-    assert r.passes["forward"] == work["original_calls"] == 2 and work["full_calls"] == 0
+    assert r.passes["forward"] == work["original_passes"] == 2 and work["full_passes"] == 0
     assert work["set_evaluations"] == 2 * N_LAYERS
     # removing layer i runs the layers after it: Σ_i (N − 1 − i) decoder-layer calls per batch, plus the replay's
     # check of the last layer against the original logits, once per batch
@@ -252,7 +252,7 @@ def test_sleb_interrupted_resumes_from_its_measurement_cache(llama, windows, tmp
     monkeypatch.setattr(measure, "measure_sets", real)
     resumed = B.rank_blocks("sleb", llama, windows, max_remove=3, batch_size=4, cache_dir=tmp_path)
     assert resumed.order == full.order and resumed.order_losses == full.order_losses
-    assert resumed.info["measurement"]["measured"] == 2 * (4 + 3)  # step 1 came from the cache
+    assert resumed.info["measurement"]["sets"] == 2 * (4 + 3)  # step 1 came from the cache
     again = B.rank_blocks("sleb", llama, windows, max_remove=3, batch_size=4, cache_dir=tmp_path)
     assert again.order_losses == full.order_losses
-    assert again.info["measurement"]["measured"] == 0 and again.passes["forward"] == 0
+    assert again.info["measurement"]["sets"] == 0 and again.passes["forward"] == 0

@@ -139,6 +139,7 @@ def test_cli_eval_quiet(tiny_lm, local_tasks_home, tmp_path):
     assert all("(n=3)" in line for line in lines) and "it/s" not in result.output
     saved = json.loads(out_json.read_text())
     assert saved["tasks"] == [CLOZE, CHOICE] and saved["results"][CLOZE]["n"] == 3
+    assert saved["settings"]["limit"] == 3 and saved["settings"]["seed"] == 0  # what reproduces the run
     bad = CliRunner().invoke(app, ["eval", str(tmp_path / "tiny"), "--tasks", "austen_cloze", "--limit", "1.5"])
     assert bad.exit_code == 1 and "limit (--limit) must be a whole number" in bad.output and "1.5" in bad.output
 

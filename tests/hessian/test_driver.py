@@ -232,7 +232,7 @@ def test_a_new_estimator_is_one_registered_class(tiny_model, tiny_windows, monke
     full = estimate_hessian(model, None, windows, labels="empirical", progress=False)
     np.testing.assert_allclose(np.diag(q.H), np.diag(full.H) + 0.5, rtol=1e-6)
     assert q.metadata["estimator"] == "test-diagonal" and q.metadata["options"] == {"damping": 0.5}
-    assert q.metadata["forward_passes"] == 1 and q.metadata["forward_equivalents"] == 1.0
+    assert q.metadata["forward_passes"] == 1 and q.metadata["fpe"] == 1.0
 
 
 def test_registry_lists_the_builtin_estimators():

@@ -61,7 +61,7 @@ def test_api_shape_and_a_symmetric_finite_qubo(setup, name):
         np.testing.assert_array_equal(q.H, q.H.T)
         md = q.metadata
         assert (md["estimator"], md["loss"], md["n_sequences"], md["seq_len"]) == (name, loss, N_WINDOWS, SEQ_LEN)
-        assert md["forward_passes"] >= 1 and md["forward_equivalents"] >= 1.0 and md["backward_passes"] >= 0
+        assert md["forward_passes"] >= 1 and md["fpe"] >= 1.0 and md["backward_passes"] >= 0
         assert md["options"] == dataclasses.asdict(ESTIMATORS.make_options(cls, _options(name)))
 
 

@@ -166,7 +166,7 @@ def test_pairwise_energy_reproduces_every_single_and_pair(tiny_model, tiny_windo
         assert q.energy(_state(n, s)) == pytest.approx(d, rel=1e-4, abs=1e-6), s
     # one original pass per batch (3 batches); the sets share streams through the measurer's prefix tree
     assert q.metadata["forward_passes"] == 3
-    assert 1 < q.metadata["forward_equivalents"] < 1 + len(sets)
+    assert 1 < q.metadata["fpe"] < 1 + len(sets)
 
 
 def test_pairwise_sublayers_reproduce_every_single_and_pair(tiny_model, tiny_windows):

@@ -127,5 +127,5 @@ def test_targeted_estimators_name_themselves_in_option_errors(name):
     options = get(name).Options
     with pytest.raises(CBOError, match=f"estimator '{name}' needs remove=M"):
         options().validate()
-    with pytest.raises(CBOError, match="keep must be a list of block indices"):
+    with pytest.raises(CBOError, match="keep must be a list of integer indices"):
         options(remove=2, keep="0").validate()

@@ -174,7 +174,7 @@ def test_measurer_returns_per_sequence_losses_on_the_first_windows(tiny_model, t
     assert (measurer.work - before).original_passes == 0
 
 
-def test_forward_equivalents_count_every_call_by_its_parameters(tiny_model, tiny_windows):
+def test_fpe_count_every_call_by_its_parameters(tiny_model, tiny_windows):
     model = tiny_model("llama", n_layers=5)
     windows = tiny_windows(model, n=4, seq_len=8)
     blocks = find_blocks(model, "layer")
@@ -188,11 +188,11 @@ def test_forward_equivalents_count_every_call_by_its_parameters(tiny_model, tiny
     # the singles through the tree: layer i removed runs layers i+1..n-1; the check replays the last layer and head
     assert w.layer_calls == n * (n - 1) // 2 + 1 and w.head_runs == n + 1
     assert w.original_passes == 1 and w.full_passes == 0 and w.sets == n
-    assert w.forward_equivalents == pytest.approx(1 + (w.layer_calls * layer + w.head_runs * head) / full)
+    assert w.fpe == pytest.approx(1 + (w.layer_calls * layer + w.head_runs * head) / full)
     # on half the windows (one of two batches) and in units of all of them: half the work
     half = Measurer(model, blocks, windows, batch_size=2)
     half.losses([(i,) for i in range(n)], windows=2)
-    assert half.work.forward_equivalents == pytest.approx(w.forward_equivalents / 2)
+    assert half.work.fpe == pytest.approx(w.fpe / 2)
     assert (w - w) == Work() and (w + Work()).layer_calls == w.layer_calls
 
 
@@ -216,11 +216,11 @@ def test_cache_round_trip_and_reuse(tiny_model, tiny_windows, tmp_path):
     sets = [(0,), (1, 2), (3,)]
     cache = MeasureCache(tmp_path, model, blocks)
     first = measure_sets(model, blocks, windows, sets, batch_size=4, cache=cache)
-    assert first["measured"] == 2 * len(sets) and first["original_calls"] == 2
+    assert first["work"].sets == 2 * len(sets) and first["work"].original_passes == 2
     again = measure_sets(
         model, blocks, windows, sets + [(2,)], batch_size=4, cache=MeasureCache(tmp_path, model, blocks)
     )
-    assert again["measured"] == 2 and again["original_calls"] == 2  # only the new set, on both batches
+    assert again["work"].sets == 2 and again["work"].original_passes == 2  # only the new set, on both batches
     for key in ("kl", "ce", "agree"):
         np.testing.assert_array_equal(first[key], again[key][:3])
     # another model never reads these values
@@ -228,7 +228,7 @@ def test_cache_round_trip_and_reuse(tiny_model, tiny_windows, tmp_path):
     fresh = measure_sets(
         other, find_blocks(other), windows, sets, batch_size=4, cache=MeasureCache(tmp_path, other, blocks)
     )
-    assert fresh["measured"] == 2 * len(sets)
+    assert fresh["work"].sets == 2 * len(sets)
 
 
 def test_cache_files_without_agreement_are_read(tiny_model, tiny_windows, tmp_path):

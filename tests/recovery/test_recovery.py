@@ -186,7 +186,7 @@ def test_bad_options_are_refused_before_any_step(teacher, windows, tmp_path):
         (dict(loss="mse"), InvalidOptionError, "unknown heal loss"),
         (dict(schedule="step"), InvalidOptionError, "unknown heal schedule"),
         (dict(steps=-1), InvalidOptionError, "steps must be an integer >= 0"),
-        (dict(lr=0.0), InvalidOptionError, "lr must be a number > 0"),
+        (dict(lr=0.0), InvalidOptionError, "lr must be a finite number > 0"),
         (dict(batch_size=0), InvalidOptionError, "batch_size must be an integer >= 1"),
         (dict(warmup=99), InvalidOptionError, "warmup"),
         (dict(resume=True), InvalidOptionError, "resume=True needs the checkpoint_dir"),

@@ -46,9 +46,9 @@ def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_wi
     assert [v.removed for v in refined.validation] == [refined.states.removed(k) for k in range(n_validated)]
 
     work = refined.work["refine"]
-    assert work["budget"] == 2000 and 0 < work["forward_equivalents"] <= 2000 + splits.calibration.shape[0]
+    assert work["budget"] == 2000 and 0 < work["fpe"] <= 2000 + splits.calibration.shape[0]
     assert work["rounds"] >= 1 and work["stopped"] in ("exhausted", "converged", "budget")
-    assert refined.work["estimate_forward_equivalents"] == plain.work["estimate_forward_equivalents"]
+    assert refined.work["estimate_fpe"] == plain.work["estimate_fpe"]
     assert refined.options["refine"] == 2000 and plain.options["refine"] is None
     assert "refine" in refined.timings
     assert refined.qubo.metadata["estimator"] == "refine"
@@ -58,7 +58,7 @@ def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_wi
     # the rounds were checkpointed under the cache: a second run resumes and measures nothing new
     resumed = prune_depth(model, None, refine=2000, **{**kw, "cache_dir": tmp_path})
     assert resumed.chosen_blocks == refined.chosen_blocks
-    assert resumed.work["refine"]["forward_equivalents"] == pytest.approx(work["forward_equivalents"])
+    assert resumed.work["refine"]["fpe"] == pytest.approx(work["fpe"])
 
 
 def test_bad_refine_budgets_are_refused_before_any_forward_pass(tiny_model, tiny_windows, monkeypatch):

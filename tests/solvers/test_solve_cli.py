@@ -205,3 +205,17 @@ def test_the_solver_listing_says_which_solvers_are_python_only():
     if available()["dimod"].ok:
         line = next(line for line in res.output.splitlines() if "│ dimod" in line)
         assert "Python only" in line and "cbo solve -s" in line
+
+
+def test_the_enumeration_bar_shows_no_estimate_of_the_time_left(capsys):
+    """Issue 27: the enumerator's first seconds showed an ETA of about two hours ("0/2300 … 1:54:22") for a solve
+    of seconds: its tasks differ widely in size (and the first pays the compilation), so the bar shows the tasks
+    done and the elapsed time, not tqdm's rate-based estimate."""
+    from cbo import solve
+
+    q = fisher_block_qubo(40, 0, samples=64)
+    for strategy in ("lexicographic", "relaxation"):
+        solve(q, 12, "enumerate", k=3, progress=True, strategy=strategy, time_limit=30)
+        shown = [line for line in re.split(r"[\r\n]", capsys.readouterr().err) if "enumerate C(40,12)" in line]
+        assert shown, strategy
+        assert not [line for line in shown if re.search(r"<\s*(\?|\d+:\d\d)", line) or "it/s" in line], shown

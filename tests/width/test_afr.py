@@ -27,7 +27,7 @@ def test_power_transform_keeps_the_sign():
     assert torch.equal(torch.sign(out), torch.sign(s))
     torch.testing.assert_close(out, torch.tensor([-2.0, -1.0, -(0.25 ** (1 / 3)), 0.0, 0.25 ** (1 / 3), 1.0, 2.0]))
     torch.testing.assert_close(power_transform(s, 1.0), s)
-    with pytest.raises(CBOError, match="p must be a number > 0"):
+    with pytest.raises(CBOError, match="p must be a finite number > 0"):
         power_transform(s, 0.0)
 
 

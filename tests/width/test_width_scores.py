@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -66,6 +68,18 @@ def test_registry_lists_the_builtins():
     assert {"magnitude", "taylor", "afr", "ntk", "amp"} <= set(names())
     with pytest.raises(UnknownNameError, match="unknown width score 'wanda'"):
         score_units(build_tiny_model("llama", n_layers=1), None, "wanda")
+
+
+def test_no_score_is_named_after_an_option_value():
+    """A score's names never spell an option value: "l1" named magnitude while norm="l2" computed the L2 norm."""
+    from cbo.width.scores.base import SCORES
+
+    for name, cls in SCORES.items():
+        values = {v for v in dataclasses.asdict(cls.Options()).values() if isinstance(v, str)}
+        values |= {"l1", "l2"}
+        assert not {name, *cls.aliases} & values, name
+    with pytest.raises(UnknownNameError):
+        score_units(build_tiny_model("llama", n_layers=1), None, "l1", norm="l2")
 
 
 @pytest.mark.parametrize("norm", ["l1", "l2"])

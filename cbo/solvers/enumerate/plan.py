@@ -23,6 +23,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from cbo.checks import is_int
 from cbo.errors import SolverOptionError
 from cbo.solvers.base import Problem
 from cbo.solvers.constraints import UNBOUNDED, FreeConstraints
@@ -77,7 +78,7 @@ class SearchOptions:
     def validate(self) -> None:
         if self.threads is not None:
             limit = numba.config.NUMBA_NUM_THREADS
-            if isinstance(self.threads, bool) or not isinstance(self.threads, (int, np.integer)):
+            if not is_int(self.threads):
                 raise SolverOptionError(f"threads must be an integer in 1..{limit}, got {self.threads!r}.")
             if not 1 <= self.threads <= limit:
                 raise SolverOptionError(f"threads={self.threads} is out of range; use 1..{limit} (NUMBA_NUM_THREADS).")
@@ -100,7 +101,7 @@ class SearchOptions:
 
 
 def _count(v: Any, low: int) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= low
+    return is_int(v) and v >= low
 
 
 @dataclass

@@ -32,8 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from cbo.checks import check_int, is_number
 from cbo.errors import SolverError, SolverOptionError
 from cbo.extras import require
+from cbo.progress import progress_bar
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.solvers.base import Problem, SolverOutput
 from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
@@ -79,17 +81,11 @@ class RayBackend:
 
     def __post_init__(self) -> None:
         for name in ("workers", "num_cpus"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise SolverOptionError(f"ray backend: {name} must be an integer >= 1 or None, got {v!r}.")
-        if isinstance(self.ready_timeout, bool) or not (
-            isinstance(self.ready_timeout, (int, float)) and self.ready_timeout > 0
-        ):
+            check_int(f"ray backend: {name}", getattr(self, name), 1, none_ok=True, error=SolverOptionError)
+        if not is_number(self.ready_timeout) or not self.ready_timeout > 0:
             raise SolverOptionError(f"ray backend: ready_timeout must be > 0 seconds, got {self.ready_timeout!r}.")
         for name in ("worker_threads", "chunks_per_worker", "split"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise SolverOptionError(f"ray backend: {name} must be an integer >= 1, got {v!r}.")
+            check_int(f"ray backend: {name}", getattr(self, name), 1, error=SolverOptionError)
 
 
 #: What the ``enumerate`` solver's ``backend_options`` build with ``backend="ray"``.
@@ -425,13 +421,8 @@ def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBac
     interrupted = timed_out = failed = False
     t_loaded = time.perf_counter()
     done = 0
-    bar = None
-    if problem.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=n_tasks, unit="task", desc=f"enumerate C({plan.n},{plan.r}) on Ray", leave=False, dynamic_ncols=True
-        )
+    desc = f"enumerate C({plan.n},{plan.r}) on Ray"
+    bar = progress_bar(problem.progress, eta=False, total=n_tasks, unit="tasks", desc=desc, dynamic_ncols=True)
     totals = {"nodes": 0, "states": 0, "pruned": 0}
     cpu: dict[int, float] = {}  # CPU seconds of each worker process
 
@@ -454,8 +445,7 @@ def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBac
         timed_out |= bool(out["timed_out"])
         interrupted |= bool(out["interrupted"])
         cpu[out["pid"]] = cpu.get(out["pid"], 0.0) + float(out["cpu_s"])
-        if bar is not None:
-            bar.update(out["done"])
+        bar.update(out["done"])
 
     def submit(actor: Any) -> None:
         tasks = pending.pop(0)
@@ -503,8 +493,7 @@ def run_backend(problem: Problem, options: SearchOptions | None, backend: RayBac
             for ref in ready:
                 collect(ref)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         if not (interrupted or failed):
             info["board_offers"] = int(ray.get(board.count.remote()))
         for actor in temporary:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import SolverError
 
 
@@ -140,8 +141,7 @@ def completion_bound(
         raise SolverError("chosen and candidates must be disjoint lists of distinct block indices.")
     if (len(S) and (S.min() < 0 or S.max() >= n)) or (len(R) and (R.min() < 0 or R.max() >= n)):
         raise SolverError(f"block indices must lie in 0..{n - 1}.")
-    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0:
-        raise SolverError(f"r must be an integer >= 0, got {r!r}.")
+    check_int("r", r, 0, error=SolverError)
     w = np.broadcast_to(np.asarray(shift, dtype=np.float64), (n,))
     e0 = float(np.diag(Q)[S].sum() + np.triu(Q[np.ix_(S, S)], 1).sum())
     if r > len(R):

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from cbo.checks import check_int
 from cbo.errors import SolverError
 from cbo.solvers.constraints import UNBOUNDED, FreeConstraints
 from cbo.solvers.enumerate.relaxation import CholeskyFactor, energy_scale, factor, processing_order, shor_shift
@@ -352,17 +353,14 @@ def search_top_k(
         raise SolverError(f"Q must be a finite square matrix, got shape {Q.shape}.")
     Q = 0.5 * (Q + Q.T)
     n = Q.shape[0]
-    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r <= n:
-        raise SolverError(f"r must be an integer in 0..{n}, got {r!r}.")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise SolverError(f"k must be an integer >= 1, got {k!r}.")
+    check_int("r", r, 0, n, error=SolverError)
+    check_int("k", k, 1, error=SolverError)
     if alpha is not None and not (np.isfinite(alpha) and alpha > 0):
         # at 0 the Shor shift sits on the edge of convexity and the rounding slack swamps the bound
         raise SolverError(f"alpha must be a number > 0 (e.g. 1e-3) or None, got {alpha!r}.")
     if time_limit is not None and not time_limit > 0:
         raise SolverError(f"time_limit must be > 0 seconds, got {time_limit!r}.")
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise SolverError(f"threads must be an integer >= 1, got {threads!r}.")
+    check_int("threads", threads, 1, error=SolverError)
     best = BestStates(Q, int(k), threshold)
 
     def admit(states: Any, label: str) -> int:

@@ -26,7 +26,9 @@ from typing import Any
 import numba
 import numpy as np
 
+from cbo.checks import check_float
 from cbo.errors import SolverOptionError
+from cbo.progress import progress_bar
 from cbo.solvers.base import Problem, Solver, SolverOutput, register
 from cbo.solvers.enumerate.plan import SearchOptions, only_state, plan_enumeration
 from cbo.solvers.enumerate.relaxation_run import enumerate_by_relaxation
@@ -75,11 +77,7 @@ class EnumerateSolver(Solver):
 
         def validate(self) -> None:
             super().validate()
-            if self.alpha is not None and not (
-                isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and math.isfinite(self.alpha)
-                and self.alpha > 0
-            ):  # fmt: skip
-                raise SolverOptionError(f"alpha must be a number > 0 (e.g. 0.05) or None, got {self.alpha!r}.")
+            check_float("alpha", self.alpha, 0, lo_open=True, none_ok=True, error=SolverOptionError, hint="E.g. 0.05.")
             if dataclasses.is_dataclass(self.backend) and not isinstance(self.backend, type):
                 ray = backend_module("ray")
                 if not isinstance(self.backend, ray.BACKEND_OPTIONS):
@@ -149,23 +147,19 @@ def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
         seeds = run_heuristic(problem).candidates
     plan = plan_enumeration(problem, opts, seeds=seeds)
     nth = int(opts.threads) if opts.threads is not None else numba.get_num_threads()
-    bar = None
-    if problem.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(plan.tasks), unit="task", desc=f"enumerate C({n},{r})", leave=False, dynamic_ncols=True)
+    desc = f"enumerate C({n},{r})"
+    bar = progress_bar(problem.progress, eta=False, total=len(plan.tasks), unit="tasks", desc=desc, dynamic_ncols=True)
     try:
         res = enumerate_tasks(
             plan,
             threads=nth,
             batch_seconds=opts.batch_seconds,
             time_left=problem.time_left,
-            progress=None if bar is None else bar.update,
+            progress=bar.update if problem.progress else None,
             stop=lambda: problem.interrupted,
         )
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     E, S = merge_task_results(plan, [res])
     info = dict(plan.info)
     if seeds is not None:

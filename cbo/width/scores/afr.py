@@ -29,16 +29,16 @@ matrix at the 1st/99th percentiles, signed mean).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from cbo.checks import check_choice, check_float
 from cbo.errors import InvalidOptionError
 from cbo.extras import require
 from cbo.model.structures import gather_units, in_axis
-from cbo.width.scores.base import GradientScore, Key, check_choice, lm_loss, register
+from cbo.width.scores.base import GradientScore, Key, lm_loss, register
 
 torch = require("torch", "AFR scores")
 
@@ -60,8 +60,7 @@ EARLIER_OPTIONS: dict[str, Any] = dict(
 
 def check_exponent(p: Any) -> None:
     """Raise :class:`InvalidOptionError` unless the power exponent ``p`` is a number > 0."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0 or not math.isfinite(p):
-        raise InvalidOptionError(f"AFR power exponent p must be a number > 0 or 'match', got {p!r}")
+    check_float("AFR power exponent p", p, 0, lo_open=True, hint="(Or 'match'.)")
 
 
 def check_clip(lower: float, upper: float) -> None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cbo.checks import check_choice
 from cbo.errors import ModelError
 from cbo.extras import require
-from cbo.width.scores.base import Key, WidthScore, check_choice, register
+from cbo.width.scores.base import Key, WidthScore, register
 
 torch = require("torch", "AMP scores")
 

@@ -22,9 +22,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from cbo.checks import check_int
 from cbo.errors import DataError, InvalidOptionError, ModelError
 from cbo.extras import require
+from cbo.model.forward import input_device, window_batches
 from cbo.model.structures import KINDS, ModelStructures, Units, model_structures, units_of
+from cbo.progress import progress_iter
 from cbo.registry import Registry
 
 torch = require("torch", "width scores")
@@ -39,12 +42,6 @@ SCORES: Registry[type[WidthScore]] = Registry(
 register = SCORES.register
 get = SCORES.get
 names = SCORES.names
-
-
-def check_choice(what: str, value: Any, choices: tuple[str, ...]) -> None:
-    """Raise :class:`InvalidOptionError` unless ``value`` is one of ``choices`` (for ``Options.validate``)."""
-    if value not in choices:
-        raise InvalidOptionError(f"{what} must be one of {list(choices)}, got {value!r}")
 
 
 @dataclass
@@ -114,11 +111,6 @@ class WidthScore(abc.ABC):
     def hook(self, handle: Any) -> None:
         """Keep a hook handle so that :meth:`remove` removes it."""
         self._handles.append(handle)
-
-
-def _batches(windows: Any, batch_size: int):
-    for i in range(0, windows.shape[0], batch_size):
-        yield windows[i : i + batch_size]
 
 
 def score_units(
@@ -204,8 +196,7 @@ def score_variants(
             raise DataError(
                 f"width score {cls.name!r} needs calibration token windows of shape (B, T); got {windows!r}"
             )
-    if batch_size < 1:
-        raise DataError(f"batch_size must be >= 1, got {batch_size}")
+    check_int("batch_size", batch_size, 1, error=DataError)
     was_training = model.training
     model.eval()
     scorer = cls(model, structs, units, opts[0])
@@ -213,13 +204,9 @@ def score_variants(
     try:
         scorer.attach()
         if cls.needs_data:
-            batches = list(_batches(windows, batch_size))
-            if progress:
-                from tqdm.auto import tqdm
-
-                batches = tqdm(batches, desc=f"width score {cls.name}", leave=False)
-            device = next(model.parameters()).device
-            for batch in batches:
+            device = input_device(model)
+            batches = [batch for _, batch in window_batches(windows, batch_size)]
+            for batch in progress_iter(batches, progress, desc=f"width score {cls.name}"):
                 scorer.accumulate(batch.to(device))
                 scorer.n_batches += 1
         for o in opts:

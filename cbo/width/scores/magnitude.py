@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cbo.checks import check_choice
 from cbo.model.structures import gather_units
-from cbo.width.scores.base import Key, WidthScore, check_choice, register
+from cbo.width.scores.base import Key, WidthScore, register
 
 
 @register
@@ -13,7 +14,7 @@ class MagnitudeScore(WidthScore):
     """``Σ|w|`` (``norm="l1"``) or ``sqrt(Σ w²)`` (``norm="l2"``) over a unit's weights (biases excluded)."""
 
     name = "magnitude"
-    aliases = ("mag", "l1")
+    aliases = ("mag",)  # no "l1": a name that promised one norm while norm="l2" computed the other
     description = "norm of the unit's weights; data-free baseline"
     finalize_options = ("norm",)
     needs_data = False

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cbo.checks import check_choice
 from cbo.errors import InvalidOptionError
 from cbo.model.structures import gather_units
-from cbo.width.scores.base import GradientScore, Key, check_choice, lm_loss, register
+from cbo.width.scores.base import GradientScore, Key, lm_loss, register
 
 OUTPUTS = ("seqmax", "vocabmax", "loss")
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cbo.checks import check_choice
 from cbo.model.structures import gather_units
-from cbo.width.scores.base import GradientScore, Key, check_choice, lm_loss, register
+from cbo.width.scores.base import GradientScore, Key, lm_loss, register
 
 
 @register
