@@ -1,7 +1,7 @@
 """Exact top-K on Ray: wall time on 1 and 2 workers (speed-up), and the overhead on a small instance.
 
     .venv/bin/python -m benchmarks.distributed                  # C(80,28) bounded, C(54,10) plain, small C(24,6)
-    .venv/bin/python -m benchmarks.distributed --large 70:20 --out /tmp/distributed
+    .venv/bin/python -m benchmarks.distributed --large 70:20 --out benchmarks/out/distributed-70
 
 What is timed:
 * ``local``: ``solve(..., "enumerate", threads=1)`` in this process (the reference result);

@@ -13,7 +13,7 @@ to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This scri
 and prints the statistics of each (``cbo.qubo.instances.fisher_statistics``) beside the real instances'::
 
     .venv/bin/python -m benchmarks.fisher_instances
-    .venv/bin/python -m benchmarks.fisher_instances --out /tmp/inst --seed 1
+    .venv/bin/python -m benchmarks.fisher_instances --out benchmarks/out/instances --seed 1
 """
 
 from __future__ import annotations

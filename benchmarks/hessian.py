@@ -14,7 +14,7 @@ with a subset of the blocks gated and its full cost predicted from the pass coun
 timing noise (every pass is the same forward). These three are timed by their first run alone.
 
     .venv/bin/python -m benchmarks.hessian                    # default model, 8 x 128 tokens
-    .venv/bin/python -m benchmarks.hessian --out /tmp/hessian --only fwd+bwd,fisher
+    .venv/bin/python -m benchmarks.hessian --out benchmarks/out/hessian-two --only fwd+bwd,fisher
     .venv/bin/python -m benchmarks.hessian --quick            # 2 x 32 tokens, one repeat (the test suite's run)
 """
 

@@ -15,7 +15,7 @@ Data as in ``benchmarks/width.py``: calibration 8 x 128 tokens (Emma; scores and
 Usage:
     python -m benchmarks.mop_recovery --threads 1                        # 20 % and 40 %, both proposers
     python -m benchmarks.mop_recovery --ratios 0.2 --proposers antepenultimate --recovery-steps 2 --final-steps 8
-    python -m benchmarks.mop_recovery --quick --out /tmp/mq              # a minute or two: 10 %, tiny splits
+    python -m benchmarks.mop_recovery --quick --out benchmarks/out/mq            # a minute or two: 10 %, tiny splits
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ cumulative sums every ``--chunk`` sequences are kept (``chunks.npz``) so that di
 independent estimates at small n (the estimator's sampling spread).
 
     .venv/bin/python -m benchmarks.paper_sizes --sizes 32,256,2048          # hours on one busy core
-    .venv/bin/python -m benchmarks.paper_sizes --sizes 32 --out /tmp/paper   # one small estimate
+    .venv/bin/python -m benchmarks.paper_sizes --sizes 32 --out benchmarks/out/paper-32  # one small estimate
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "benchmarks" / "results" / "paper"
+OUT = REPO / "benchmarks" / "out" / "paper"  # QUBOs, checkpoints, chunks; the committed QUBOs: benchmarks/instances/paper
 HELD_OUT = ("mansfield_park", "persuasion")  # the validation and test novels of the default text
 
 

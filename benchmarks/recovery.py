@@ -16,7 +16,7 @@ resumes where it stopped, mid-heal included; ``--report`` rewrites the Markdown 
 Usage:
     python -m benchmarks.recovery --threads 1                      # M = 8 and 15, top 5, the default budget
     python -m benchmarks.recovery --removes 8 --top 3 --steps 20   # smaller
-    python -m benchmarks.recovery --quick --out /tmp/rq            # about a CPU-minute: fisher, tiny splits
+    python -m benchmarks.recovery --quick --out benchmarks/out/rq          # about a CPU-minute: fisher, tiny splits
 """
 
 from __future__ import annotations
