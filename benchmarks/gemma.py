@@ -169,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of every step")
     p.add_argument("--out", type=Path, default=C.REPO / "benchmarks" / "results" / NAME)
-    p.add_argument("--models", type=Path, default=C.OUT / NAME, help="where the pruned folders go (not committed)")
+    p.add_argument(
+        "--models",
+        type=Path,
+        default=C.OUT / NAME,
+        help="where the pruned folders and the finished steps go (not committed; a rerun does only what is missing)",
+    )
     p.add_argument("--step", default=None, help=argparse.SUPPRESS)
     p.add_argument("--chunk-bytes", type=int, default=128 * 2**20, help=argparse.SUPPRESS)
     p.add_argument("--labels", default="", help=argparse.SUPPRESS)
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(C.REPO))
-    steps_dir = args.out / "steps"
+    steps_dir = args.models / "steps"  # one JSON a finished step: the resume points
     models_dir = args.models
     settings = {k: getattr(args, k) for k in ("model", "remove", "n_calibration", "n_validation", "n_test")}
     settings |= {"seq_len": args.seq_len, "seed": args.seed, "threads": args.threads}
