@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "benchmarks" / "out" / "paper"  # QUBOs, checkpoints, chunks; the committed QUBOs: benchmarks/instances/paper
+# a run's QUBOs, checkpoints and chunks (not committed); the committed QUBOs: benchmarks/instances/paper
+OUT = REPO / "benchmarks" / "out" / "paper"
 HELD_OUT = ("mansfield_park", "persuasion")  # the validation and test novels of the default text
 
 
