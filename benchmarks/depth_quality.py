@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 DEFAULTS = {
@@ -85,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, help="low-energy states ranked per M (default 10)")
     p.add_argument("--validate", type=int, help="of those, how many are measured on the validation split (default 10)")
     p.add_argument("--sleb-windows", type=int, help="calibration windows SLEB measures with (default 8)")
-    p.add_argument("--solver", default=None, help="solver name (default: auto / enumerate / swap-tabu by size)")
+    p.add_argument("--solver", default="auto", help="solver name (default: auto, exact where it can prove it)")
     p.add_argument("--no-plot", action="store_true")
     C.add_report_arg(p, "depth_quality")
     args = p.parse_args(argv)
@@ -136,11 +137,11 @@ def main(argv: list[str] | None = None) -> dict:
     layer_specs_text = C.split_list(args.estimators)
     if layer_specs_text == ["registry"]:
         layer_specs_text = estimator_names()
-    layer_specs = [C.EstimatorSpec.parse(t) for t in layer_specs_text + list(args.estimator)]
-    sub_specs = [C.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_estimators)]
+    layer_specs = [D.EstimatorSpec.parse(t) for t in layer_specs_text + list(args.estimator)]
+    sub_specs = [D.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_estimators)]
 
-    model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=args.test)
-    measurer = C.Measurer(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
+    model, tok, splits = D.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=args.test)
+    measurer = D.MetricsCache(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
     fingerprint = measurer.fingerprint
     n_layers = len(measurer.blocks("layer"))
     print(f"model {args.model}: {n_layers} layers; splits {splits.info['windows']} x {args.seq_len} tokens", flush=True)
@@ -229,12 +230,12 @@ def main(argv: list[str] | None = None) -> dict:
             removed = ranking.select(factor * M, caps=cap)
             add_row(method, label, granularity, M, removed, ranking.wall_time + time.perf_counter() - t1)
 
-    def run_cbo(spec: C.EstimatorSpec) -> None:
+    def run_cbo(spec: D.EstimatorSpec) -> None:
         granularity = spec.granularity
         factor = 1 if granularity == "layer" else 2
         tag = spec.tag() + (" sublayer" if granularity == "sublayer" else "")
         print(f"cbo[{tag}]: Hessian", flush=True)
-        qubo, wall = C.estimate(spec, model, tok, calibration, args, progress)
+        qubo, wall = D.estimate(spec, model, tok, calibration, args, progress)
         meta = qubo.metadata
         result["setup"].append(
             {
@@ -248,17 +249,17 @@ def main(argv: list[str] | None = None) -> dict:
                 "spec": spec.to_json(),
             }
         )
-        solver = args.solver or C.default_solver(qubo.n)
+        solver = args.solver
         for M in Ms:
             K = factor * M
             q = qubo if granularity == "layer" else qubo.with_constraints(caps={"attention": M})
             t0 = time.perf_counter()
             try:
-                states = C.cached_solve(q, K, solver, k=args.top_k, seed=args.seed, cache_dir=rank_cache)
+                states = D.cached_solve(q, K, solver, k=args.top_k, seed=args.seed, cache_dir=rank_cache)
             except Exception as exc:  # keep a long run going; the row records the fallback
                 print(f"  solver {solver!r} failed ({exc!r}); falling back to swap-tabu", flush=True)
                 result.setdefault("solver_fallbacks", []).append({"estimator": tag, "remove": M, "error": repr(exc)})
-                states = C.cached_solve(q, K, "swap-tabu", k=args.top_k, seed=args.seed, cache_dir=rank_cache)
+                states = D.cached_solve(q, K, "swap-tabu", k=args.top_k, seed=args.seed, cache_dir=rank_cache)
             solve_s = time.perf_counter() - t0
             hessian_s = float(meta.get("wall_time_s") or wall)
             ground = list(states[0].removed)

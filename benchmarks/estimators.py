@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 # calibration windows of the costly built-in estimators when the spec does not say (exact: N double-backward
@@ -77,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--losses", help="comma-separated losses for specs without loss= (default kl,ce)")
     p.add_argument("--random", type=int, help="random removal sets per M (default 200)")
     p.add_argument("--low", type=int, help="lowest-energy sets per estimator, loss and M (default 50)")
-    p.add_argument("--solver", default=None, help="solver for the low-energy sets (default: auto/enumerate)")
+    p.add_argument("--solver", default="auto", help="solver for the low-energy sets (default: auto)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--calibration-sizes", help="comma-separated calibration sizes of the paper estimator's rows")
     p.add_argument("--paper-out", default=None, help="folder of the nested paper QUBOs (benchmarks/paper_sizes.py)")
@@ -92,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def specs_from(args: argparse.Namespace) -> list[C.EstimatorSpec]:
+def specs_from(args: argparse.Namespace) -> list[D.EstimatorSpec]:
     from cbo.hessian import get
     from cbo.hessian import names as registered
 
@@ -104,7 +105,7 @@ def specs_from(args: argparse.Namespace) -> list[C.EstimatorSpec]:
     for text in texts:
         explicit_loss = ":loss=" in text
         for loss in [None] if explicit_loss else C.split_list(args.losses):
-            spec = C.EstimatorSpec.parse(text, loss=loss or "kl")
+            spec = D.EstimatorSpec.parse(text, loss=loss or "kl")
             if spec.windows is None and spec.name in DEFAULT_WINDOWS:
                 spec.windows = min(DEFAULT_WINDOWS[spec.name], args.calibration)
             if spec.loss not in get(spec.name).losses:
@@ -117,7 +118,7 @@ def specs_from(args: argparse.Namespace) -> list[C.EstimatorSpec]:
     return specs
 
 
-def paper_estimate(spec: C.EstimatorSpec, model: Any, tok: Any, args: argparse.Namespace, progress: bool) -> Any:
+def paper_estimate(spec: D.EstimatorSpec, model: Any, tok: Any, args: argparse.Namespace, progress: bool) -> Any:
     """The paper estimator's QUBO on the first ``spec.windows`` windows of the shuffled calibration pool."""
     from benchmarks import paper_sizes
 
@@ -191,8 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from cbo.solvers import solve
 
-    model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=0)
-    measurer = C.Measurer(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
+    model, tok, splits = D.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=0)
+    measurer = D.MetricsCache(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
     n = len(measurer.blocks("layer"))
     mw = args.measure_windows
     original = measurer.original("validation", mw)
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
             qubo = paper_estimate(spec, model, tok, args, progress)
             wall = time.perf_counter() - t0
         else:
-            qubo, wall = C.estimate(spec, model, tok, splits.calibration, args, progress)
+            qubo, wall = D.estimate(spec, model, tok, splits.calibration, args, progress)
         meta = qubo.metadata
         result["costs"].append(
             {
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "cached": wall < 0.5 * float(meta.get("wall_time_s") or 0.0),
             }
         )
-        solver = args.solver or C.default_solver(qubo.n)
+        solver = args.solver
         for M in Ms:
             t0 = time.perf_counter()
             states = solve(qubo, M, solver, k=args.low, seed=args.seed)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 
@@ -38,13 +39,13 @@ def main(argv: list[str] | None = None) -> list[Path]:
         args.seq_len = 128
     C.setup_torch(args.threads)
     out = C.out_dir(args)
-    model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=0, n_test=0)
+    model, tok, splits = D.load(args, n_calibration=args.calibration, n_validation=0, n_test=0)
     name = Path(str(args.model)).name
-    specs = [C.EstimatorSpec.parse(t) for t in C.split_list(args.specs)]
-    specs += [C.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_specs)]
+    specs = [D.EstimatorSpec.parse(t) for t in C.split_list(args.specs)]
+    specs += [D.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_specs)]
     written = []
     for spec in specs:
-        qubo, wall = C.estimate(spec, model, tok, splits.calibration, args, not args.no_progress)
+        qubo, wall = D.estimate(spec, model, tok, splits.calibration, args, not args.no_progress)
         variant = spec.name + "".join(f"-{k}={v}" for k, v in sorted(spec.options.items()))
         path = out / f"{name}_{spec.granularity}_{variant}-{spec.loss}.cboq"
         qubo.metadata["instance"] = {

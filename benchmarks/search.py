@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 from benchmarks.search_report import EQUAL, METHODS, in_progress, markdown, plot_point
 
@@ -624,7 +625,7 @@ def main(argv: list[str] | None = None) -> dict:
     C.setup_torch(args.threads)
     from cbo.model.loading import load_model
 
-    model, tok = load_model(args.model, device=C.device_of(args))
+    model, tok = load_model(args.model, device=D.device_of(args))
     points = [parse_point(p) for p in C.split_list(args.points)]
     methods = C.split_list(args.methods)
     unknown = [m for m in methods if m not in METHODS]

@@ -28,6 +28,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 VARIANTS = ("original", "depth", "width", "combined")
@@ -84,7 +85,7 @@ def measure_one(args: argparse.Namespace) -> dict:
     from cbo.model.loading import load_model
 
     C.setup_torch(args.threads)
-    device = C.device_of(args)
+    device = D.device_of(args)
     before = _rss_mb()
     model, _ = load_model(args.measure, device=device)
     loaded = _rss_mb()
@@ -118,7 +119,7 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
     from cbo.width import width_prune
 
     wanted = C.split_list(args.variants)
-    model, tok, splits = C.load(args, n_calibration=4, n_validation=0, n_test=0)
+    model, tok, splits = D.load(args, n_calibration=4, n_validation=0, n_test=0)
     total = count_parameters(model)
     n_layers = int(model.config.num_hidden_layers)
     info: dict[str, dict] = {"original": {"path": resolve_model(args.model), "n_layers": n_layers}}
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "speed",
         "command": C.command_line(),
         "machine": C.machine(),
-        "device": C.device_of(args),
+        "device": D.device_of(args),
         "settings": dict(vars(args)),
         "variants": {},
     }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 DEFAULT_HALVES = "4.attn,8.attn,12.attn,16.attn,6.mlp,10.mlp,14.mlp,18.mlp"
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     from cbo.surgery.io import load_pruned, save_pruned, zeroed_half_weights
 
     clock = C.Stopwatch()
-    model, tok, splits = C.load(args, n_calibration=0, n_validation=0, n_test=args.windows)
+    model, tok, splits = D.load(args, n_calibration=0, n_validation=0, n_test=args.windows)
     windows = splits.test
     halves = [(int(h.split(".")[0]), h.split(".")[1]) for h in args.halves.split(",")]
     pruned = remove_sublayers(model, halves)
