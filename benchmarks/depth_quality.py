@@ -89,12 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--solver", default="auto", help="solver name (default: auto, exact where it can prove it)")
     p.add_argument("--no-plot", action="store_true")
     C.add_report_arg(p, "depth_quality")
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for key, value in base.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    return args
+    return C.parse_with_defaults(p, argv, DEFAULTS, QUICK)
 
 
 # ------------------------------------------------------------------------------------------------ rankings
@@ -121,13 +116,11 @@ def ranking_for(method, model, windows, granularity, max_remove, caps, cache_dir
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.report:
-        return C.report_only(Path(args.out), "depth_quality", markdown, None if args.no_plot else plot)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return C.main("depth_quality", parse_args, run, markdown, plot, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    args, out = job.args, job.out
     progress = not args.no_progress
     Ms = [int(m) for m in C.split_list(args.remove)]
 
@@ -147,9 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"model {args.model}: {n_layers} layers; splits {splits.info['windows']} x {args.seq_len} tokens", flush=True)
 
     result: dict[str, Any] = {
-        "benchmark": "depth_quality",
-        "command": C.command_line(),
-        "machine": C.machine(),
+        **job.header(),
         "settings": {k: v for k, v in vars(args).items()},
         "data": splits.info,
         "model_fingerprint": model_fingerprint(model),
@@ -184,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"agree {C.fmt(m['agreement']):>6}  removed {row['removed']}",
             flush=True,
         )
-        C.write_json(out / "depth_quality.json", result)
+        job.save(result)
 
     # ---------------------------------------------------------------- jobs
     rank_cache = out / "cache"
@@ -318,14 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
         run_cbo(spec)
 
     result["original"]["validation"] = measurer.original("validation") if args.validate > 0 else None
-    result["wall_time_s"] = round(clock(), 1)
-    result["cpu_time_s"] = round(clock.cpu(), 1)
     result["new_measurements"] = measurer.new_measurements
-    C.write_json(out / "depth_quality.json", result)
-    (out / "depth_quality.md").write_text(markdown(result))
-    if not args.no_plot:
-        plot(result, out / "depth_quality.png")
-    print(f"wrote {out / 'depth_quality.json'}, .md{'' if args.no_plot else ', .png'} in {clock():.0f} s", flush=True)
     return result
 
 

@@ -66,10 +66,12 @@ def main(argv=None) -> int:
     p.add_argument("--small-m", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3, help="repeats of the small-instance timings (median)")
     p.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
-    args = p.parse_args(argv)
-    args.large = args.large or [(80, 28, True), (54, 10, False)]
+    return C.main("distributed", p, run, argv=argv, torch=False)
 
-    clock = C.Stopwatch()
+
+def run(job: C.Run) -> int:
+    args, clock = job.args, job.clock
+    args.large = args.large or [(80, 28, True), (54, 10, False)]
     machine = C.machine(torch_info=False)
     print(C.machine_line(machine))
     t_init, _ = timed(lambda: init_ray(num_cpus=args.cpus, include_dashboard=False))
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
         )
     md.append(f"ray.init: {t_init:.1f} s.")
     print("\n".join(md))
-    C.write_outputs(C.out_dir(args), "distributed", result, "\n".join(md))
+    C.write_outputs(job.out, "distributed", result, "\n".join(md))
     shutdown()
     return 0
 

@@ -78,9 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     ap.add_argument("--stretch-limit", type=float, default=60.0, help="time limit of the stretch cases (s)")
     ap.add_argument("--strategies", nargs="+", default=["lexicographic", "relaxation"], help="search strategies")
-    args = ap.parse_args(argv)
+    return C.main("enumerate", ap, run, argv=argv, torch=False)
 
-    clock = C.Stopwatch()
+
+def run(job: C.Run) -> int:
+    args, clock = job.args, job.clock
     machine = C.machine(torch_info=False)
     cases = QUICK_CASES if args.quick else CASES
     stretch = QUICK_STRETCH if args.quick else STRETCH
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_time_s": round(clock(), 1),
         "rows": rows,
     }
-    path = C.write_json(C.out_dir(args) / "enumerate.json", result)
+    path = job.save(result)
     print(f"\nwrote {path}")
     return 0
 

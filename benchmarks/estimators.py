@@ -86,11 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--paper-wait", action="store_true", help="wait for a running paper_sizes.py to write each size")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the sets for ρ's interval")
     C.add_report_arg(p, "estimators")
-    args = p.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    return args
+    return C.parse_with_defaults(p, argv, DEFAULTS, QUICK)
 
 
 def specs_from(args: argparse.Namespace) -> list[D.EstimatorSpec]:
@@ -179,13 +175,11 @@ def fidelity(energies: list[float], kls: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.report:
-        return C.report_only(Path(args.out), "estimators", markdown, None if args.no_plot else plot)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return C.main("estimators", parse_args, run, markdown, plot, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    args, out = job.args, job.out
     progress = not args.no_progress
     Ms = [int(m) for m in C.split_list(args.remove)]
     specs = specs_from(args)
@@ -204,9 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {"kl": C.as_float(m["kl"]), "dnll": C.as_float(m["nll"]) - original["nll"]}
 
     result: dict[str, Any] = {
-        "benchmark": "estimators",
-        "command": C.command_line(),
-        "machine": C.machine(),
+        **job.header(),
         "settings": dict(vars(args)),
         "data": splits.info,
         "n_blocks": n,
@@ -222,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         result["sets"][str(M)] = {"random": [[list(s), measured(s)] for s in randoms[M]]}
         print(f"M={M}: {len(randoms[M])} random sets measured in {time.perf_counter() - t0:.0f} s", flush=True)
-        C.write_json(out / "estimators.json", result)
+        job.save(result)
 
     for spec in specs:
         print(f"{spec.tag(with_loss=False)} ({spec.loss}): Hessian", flush=True)
@@ -297,16 +289,9 @@ def main(argv: list[str] | None = None) -> dict:
                 f"at rank {best_low} (KL {C.fmt(row['best_low_kl'])} vs ground {C.fmt(row['ground_kl'])})",
                 flush=True,
             )
-            C.write_json(out / "estimators.json", result)
+            job.save(result)
 
-    result["wall_time_s"] = round(clock(), 1)
-    result["cpu_time_s"] = round(clock.cpu(), 1)
     result["new_measurements"] = measurer.new_measurements
-    C.write_json(out / "estimators.json", result)
-    (out / "estimators.md").write_text(markdown(result))
-    if not args.no_plot:
-        plot(result, out / "estimators.png")
-    print(f"wrote {out / 'estimators.json'}, .md in {clock():.0f} s", flush=True)
     return result
 
 

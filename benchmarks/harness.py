@@ -1,8 +1,8 @@
-"""What the benchmark scripts share: the argument parser (``parser``), the output folder, thread setting, machine
-facts, timing, JSON / Markdown output, and for the depth benchmarks the model and splits, estimator specs and a
-measurement cache that makes reruns cheap.
+"""What the benchmark scripts share: the skeleton of their ``main`` (``main``), the argument parser (``parser``),
+the output folder, thread setting, machine facts, timing, JSON / Markdown output and resumable records. What only
+the depth benchmarks share (the model and splits, estimator specs, a measurement cache) is ``depth_harness``.
 
-Every script builds its options with ``parser`` and is run from the repository root as
+Every script builds its options with ``parser``, hands its work to ``main`` and is run from the repository root as
 ``python -m benchmarks.NAME``. Nothing here imports torch at import time: the solver benchmarks run without it.
 """
 
@@ -16,12 +16,82 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "out"
 INSTANCES = REPO / "benchmarks" / "instances"  # the committed QUBO instances (.cboq)
+
+
+# ------------------------------------------------------------------------------------------------ the skeleton
+@dataclass
+class Run:
+    """What a benchmark's work function gets from ``main``: its name, arguments, output folder (created) and clock."""
+
+    name: str
+    args: argparse.Namespace
+    out: Path
+    clock: Stopwatch
+
+    def header(self, *, torch_info: bool = True, **fields: Any) -> dict[str, Any]:
+        """The first fields of every result: the benchmark's name, the command and the machine."""
+        return {"benchmark": self.name, "command": command_line(), "machine": machine(torch_info=torch_info), **fields}
+
+    def save(self, result: Any) -> Path:
+        """Write ``OUT/name.json`` now (what an interrupted run keeps; ``--report`` reads it)."""
+        return write_json(self.out / f"{self.name}.json", result)
+
+
+def main(
+    name: str,
+    parse: argparse.ArgumentParser | Callable[[list[str] | None], argparse.Namespace],
+    run: Callable[[Run], Any],
+    markdown: Callable[[dict], str] | None = None,
+    plot: Callable[[dict, Path], None] | None = None,
+    *,
+    argv: list[str] | None = None,
+    torch: bool = True,
+) -> Any:
+    """The ``main`` of a benchmark script: parse, ``--report`` alone, stopwatch, threads, folder, run, outputs.
+
+    Args:
+        name: the outputs' stem (``OUT/name.json``, ``.md``, ``.png``).
+        parse: the script's parser, or a function of ``argv`` that returns its arguments.
+        run: the work; gets a ``Run`` and returns the result (a dict; anything else is returned as it is, with no
+            outputs written: an exit code, a list of written files).
+        markdown: the report of a result; with it ``main`` writes the JSON and Markdown (and the plot unless
+            ``--no-plot``), after adding the wall and CPU times when ``run`` did not.
+        plot: ``plot(result, path)``, a PNG.
+        torch: set torch's threads (``--threads``) and seed before ``run`` (False: the solver benchmarks, no torch).
+
+    Example:
+        >>> def run(r: Run) -> dict:
+        ...     return r.header(rows=[...])
+        >>> main("speed", parser(__doc__, out="speed"), run, markdown)
+    """
+    args = parse.parse_args(argv) if isinstance(parse, argparse.ArgumentParser) else parse(argv)
+    out = Path(getattr(args, "out", None) or OUT / name)
+    draw = None if getattr(args, "no_plot", False) else plot
+    if getattr(args, "report", False) and markdown is not None:  # without ``markdown``, ``run`` reports itself
+        return report_only(out, name, markdown, draw)
+    clock = Stopwatch()
+    if torch:
+        setup_torch(getattr(args, "threads", None))
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(Run(name, args, out, clock))
+    if markdown is None or not isinstance(result, dict):
+        return result
+    if result.get("wall_time_s") is None:  # None: the mark of a run that has not finished
+        result["wall_time_s"] = round(clock(), 1)
+    result.setdefault("cpu_time_s", round(clock.cpu(), 1))
+    write_outputs(out, name, result, markdown(result))
+    if draw is not None:
+        draw(result, out / f"{name}.png")
+    print(f"wrote {out / name}.json, .md{'' if draw is None else ', .png'} in {clock():.0f} s", flush=True)
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -69,6 +139,17 @@ def parser(
     if quick is not None:
         p.add_argument("--quick", action="store_true", help=quick)
     return p
+
+
+def parse_with_defaults(
+    p: argparse.ArgumentParser, argv: list[str] | None, full: dict[str, Any], quick: dict[str, Any]
+) -> argparse.Namespace:
+    """Parse ``argv``; every option left unset (None) takes its value from ``quick`` under ``--quick``, else ``full``."""
+    args = p.parse_args(argv)
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
 
 
 def out_dir(args: argparse.Namespace) -> Path:

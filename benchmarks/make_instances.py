@@ -34,11 +34,12 @@ def main(argv: list[str] | None = None) -> list[Path]:
     p.add_argument("--specs", default="fisher,pairwise:windows=8", help="layer estimator specs")
     p.add_argument("--sublayer-specs", default="fisher", help="sublayer estimator specs")
     p.add_argument("--from-fidelity", default=None, help="also save the variants' QUBOs from a fidelity.py result")
-    args = p.parse_args(argv)
-    if args.seq_len is None:
-        args.seq_len = 128
-    C.setup_torch(args.threads)
-    out = C.out_dir(args)
+    p.set_defaults(seq_len=128)
+    return C.main("make_instances", p, run, argv=argv)
+
+
+def run(job: C.Run) -> list[Path]:
+    args, out = job.args, job.out
     model, tok, splits = D.load(args, n_calibration=args.calibration, n_validation=0, n_test=0)
     name = Path(str(args.model)).name
     specs = [D.EstimatorSpec.parse(t) for t in C.split_list(args.specs)]

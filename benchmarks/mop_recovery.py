@@ -102,12 +102,11 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    out = Path(args.out)
-    if args.report:
-        return C.report_only(out, NAME, markdown)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
+    return C.main(NAME, parse_args, run, markdown, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    args, out = job.args, job.out
     from cbo.data.windows import make_splits
     from cbo.evaluate import evaluate, reference_logits
     from cbo.model.loading import load_model
@@ -124,8 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
     reuse = previous.get("settings") == settings(args)
     result: dict[str, Any] = {
         "settings": settings(args),
-        "command": C.command_line(),
-        "machine": C.machine(),
+        **job.header(),
         "rows": previous.get("rows", []) if reuse else [],
         "wall_time_s": None,
     }
@@ -199,12 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
                     healed = recover(copy.deepcopy(pruned), calib, steps=n, lr=args.lr, method=args.method,
                                      batch_size=args.batch_size, seed=args.seed)  # fmt: skip
                 row(ratio, label, healed, n, seconds + time.perf_counter() - t1)
-    result["wall_time_s"] = clock()
-    result["cpu_time_s"] = clock.cpu()
-    C.write_json(path, result)
-    text = markdown(result)
-    (out / f"{NAME}.md").write_text(text)
-    print(text)
+    print(markdown(result))
     return result
 
 

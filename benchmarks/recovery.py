@@ -157,12 +157,11 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    out = Path(args.out)
-    if args.report:
-        return C.report_only(out, NAME, markdown)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
+    return C.main(NAME, parse_args, run, markdown, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    args, out = job.args, job.out
     import torch
 
     import cbo
@@ -178,8 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     reuse = previous.get("settings") == settings(args)
     result: dict[str, Any] = {
         "settings": settings(args),
-        "command": C.command_line(),
-        "machine": C.machine(),
+        **job.header(),
         "per_m": previous.get("per_m", {}) if reuse else {},
         "wall_time_s": None,
     }
@@ -257,12 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"M={m} rank {v.rank}: test PPL {before['test_ppl']:.2f} -> {after['test_ppl']:.2f}", flush=True)
         block["correlations"] = correlations(block["rows"])
         C.write_json(path, result)
-    result["wall_time_s"] = clock()
-    result["cpu_time_s"] = clock.cpu()
-    C.write_json(path, result)
-    text = markdown(result)
-    (out / f"{NAME}.md").write_text(text)
-    print(text)
+    print(markdown(result))
     return result
 
 

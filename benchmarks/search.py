@@ -119,12 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", type=int, help="bootstrap resamples of the test windows (default 2000)")
     p.add_argument("--no-plot", action="store_true")
     C.add_report_arg(p, "search")
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for key, value in base.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    return args
+    return C.parse_with_defaults(p, argv, DEFAULTS, QUICK)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -210,18 +205,16 @@ def compare(evals: dict[str, Any], resamples: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    out = Path(args.out)
+    return C.main("search", parse_args, run, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    """The grid points asked for (none with ``--report``), then the tables of every point on disk."""
+    args, out = job.args, job.out
     if args.report:
         results = {"benchmark": "search", "command": C.command_line(), "points": {}}
-        for path in sorted(out.glob("*/point.json")):
-            results["points"][path.parent.name] = json.loads(path.read_text())
         results["in_progress"] = in_progress(out)
-        C.write_json(out / "search.json", results)
-        (out / "search.md").write_text(markdown(results))
-        print(f"wrote {out / 'search.md'} from {len(results['points'])} grid points", flush=True)
-        return results
-    C.setup_torch(args.threads)
+        return write_tables(out, results)
     from cbo.model.loading import load_model
 
     model, tok = load_model(args.model, device=D.device_of(args))
@@ -230,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"unknown methods {unknown}; valid: {list(METHODS)}")
-    results: dict[str, Any] = {"benchmark": "search", "command": C.command_line(), "machine": C.machine(), "points": {}}
+    results: dict[str, Any] = job.header(points={})
     for spec in points:
         point = Point(spec, model, tok, args, out)
         runs: dict[str, Any] = {}
@@ -249,11 +242,16 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.no_plot:
             plot_point(entry, out / f"search-{point.name}.png")
         point.close()
+    return write_tables(out, results)
+
+
+def write_tables(out: Path, results: dict) -> dict:
+    """``search.json`` and ``search.md`` from every grid point finished under ``out`` (``point.json``)."""
     for path in sorted(out.glob("*/point.json")):
         results["points"][path.parent.name] = json.loads(path.read_text())
     C.write_json(out / "search.json", results)
     (out / "search.md").write_text(markdown(results))
-    print(f"wrote {out / 'search.md'}", flush=True)
+    print(f"wrote {out / 'search.md'} from {len(results['points'])} grid points", flush=True)
     return results
 
 

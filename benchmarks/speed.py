@@ -50,13 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="timed runs per setting, median reported (default 5)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="which variants to measure")
     p.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # internal: measure one saved model
-    args = p.parse_args(argv)
     quick = {"prompt_len": 16, "new_tokens": 4, "batch_sizes": "1", "repeats": 1, "seq_len": 32}
     full = {"prompt_len": 128, "new_tokens": 64, "batch_sizes": "1,8", "repeats": 5, "seq_len": 128}
-    for key, value in (quick if args.quick else full).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    return args
+    return C.parse_with_defaults(p, argv, full, quick)
 
 
 def _rss_mb() -> float:
@@ -148,20 +144,19 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
     return {k: v for k, v in info.items() if k in wanted}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.measure:
+def main(argv: list[str] | None = None) -> dict | None:
+    return C.main("speed", parse_args, run, markdown, argv=argv)
+
+
+def run(job: C.Run) -> dict | None:
+    args, out = job.args, job.out
+    if args.measure:  # a child process: one variant, handed back to the parent
         C.print_result(measure_one(args))
-        return {}
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
-    out = C.out_dir(args)
+        return None
     print("building the pruned variants", flush=True)
     variants = build_variants(args, out / "models")
     result: dict[str, Any] = {
-        "benchmark": "speed",
-        "command": C.command_line(),
-        "machine": C.machine(),
+        **job.header(),
         "device": D.device_of(args),
         "settings": dict(vars(args)),
         "variants": {},
@@ -182,12 +177,10 @@ def main(argv: list[str] | None = None) -> dict:
             cmd += ["--device", args.device]
         print(f"measuring {name}", flush=True)
         result["variants"][name] = {**info, **C.run_in_process("speed", *cmd)}
-        C.write_json(out / "speed.json", result)
+        job.save(result)
     n = variants.get("original", {}).get("n_layers")
     result["ideal_depth_speedup"] = n / (n - args.remove) if n else None
-    result["wall_time_s"] = round(clock(), 1)
-    _, md = C.write_outputs(out, "speed", result, markdown(result))
-    print(md.read_text())
+    print(markdown(result))
     return result
 
 

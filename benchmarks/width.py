@@ -157,11 +157,13 @@ def header(speed: bool) -> str:
 
 
 def main(argv=None) -> list[dict]:
-    args = parse_args(argv)
+    return C.main("width", parse_args, run, argv=argv)
+
+
+def run(job: C.Run) -> list[dict]:
+    args = job.args
     cfg = settings(args)
     speed = None if args.no_speed else cfg["speed"]
-    if args.threads:
-        torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     model, tok = load_model(args.model)
     splits = make_splits(
