@@ -80,17 +80,7 @@ def markdown(result: dict[str, Any]) -> str:
         for m, r in result["points"].items()
     ]
     header = ["M", "estimator", "removed", "rank", "test windows", "test PPL", "test KL", "validation KL"]
-    return "\n".join(
-        [
-            "# The default pipeline",
-            "",
-            f"Command: `{result['command']}`  ",
-            f"Machine: {C.machine_line(result['machine'])}  ",
-            C.timing_line(result),
-            "",
-            C.md_table(header, rows),
-        ]
-    )
+    return "\n".join([*C.report_head("The default pipeline", result), C.md_table(header, rows)])
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ from typing import Any
 
 # ------------------------------------------------------------------------------------------------ model and data
 def device_of(args: argparse.Namespace) -> str:
+    """``--device``, or cuda when there is one (also for scripts without the option)."""
     import torch
 
-    if args.device:
+    if getattr(args, "device", None):
         return args.device
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -30,6 +31,15 @@ def hessian_cache(args: argparse.Namespace) -> Path:
     from cbo.model.loading import cbo_home
 
     return cbo_home() / "cache" / "hessian"
+
+
+def add_split_args(p: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    """``--remove`` and the window counts of the splits in ``defaults`` (``calibration``, ``validation``, ``test``);
+    left unset, they take the script's full or ``--quick`` settings (``harness.parse_with_defaults``)."""
+    p.add_argument("--remove", help=f"comma-separated M values (default {defaults['remove']})")
+    for split in ("calibration", "validation", "test"):
+        if split in defaults:
+            p.add_argument(f"--{split}", type=int, help=f"{split} windows (default {defaults[split]})")
 
 
 def load(args: argparse.Namespace, *, n_calibration: int, n_validation: int, n_test: int) -> tuple[Any, Any, Any]:

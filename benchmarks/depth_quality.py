@@ -69,10 +69,7 @@ QUICK = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = C.parser(__doc__, out="depth_quality", quick="tiny settings for the test suite (a few minutes)", model=True)
-    p.add_argument("--remove", help=f"comma-separated M values (default {DEFAULTS['remove']})")
-    p.add_argument("--calibration", type=int, help="calibration windows (default 32)")
-    p.add_argument("--validation", type=int, help="validation windows (default 32)")
-    p.add_argument("--test", type=int, help="test windows (default 64)")
+    D.add_split_args(p, DEFAULTS)
     p.add_argument(
         "--estimators",
         help="comma-separated estimator specs name[:key=value...] for layer CBO; keys windows/loss/batch_size/label "

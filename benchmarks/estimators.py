@@ -43,35 +43,25 @@ from benchmarks import harness as C
 # calibration windows of the costly built-in estimators when the spec does not say (exact: N double-backward
 # passes per batch; pairwise: 1 + N + N(N-1)/2 forward passes per batch)
 DEFAULT_WINDOWS = {"exact": 4, "pairwise": 8}
-DEFAULTS = {
-    "remove": "4,8,15",
-    "calibration": 32,
-    "validation": 32,
-    "seq_len": 128,
-    "estimators": "registry",
-    "losses": "kl,ce",
-    "random": 200,
-    "low": 50,
-    "measure_windows": 4,
-}
-QUICK = {
-    "remove": "2,4",
-    "calibration": 2,
-    "validation": 2,
-    "seq_len": 64,
-    "estimators": "fisher",
-    "losses": "kl,ce",
-    "random": 6,
-    "low": 4,
-    "measure_windows": 1,
-}
+DEFAULTS = dict(
+    remove="4,8,15",
+    calibration=32,
+    validation=32,
+    seq_len=128,
+    estimators="registry",
+    losses="kl,ce",
+    random=200,
+    low=50,
+    measure_windows=4,
+)
+QUICK = DEFAULTS | dict(  # the test suite's run: the same, smaller
+    remove="2,4", calibration=2, validation=2, seq_len=64, estimators="fisher", random=6, low=4, measure_windows=1
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = C.parser(__doc__, out="estimators", quick="tiny settings for the test suite", model=True)
-    p.add_argument("--remove", help="comma-separated M values (default 4,8,15)")
-    p.add_argument("--calibration", type=int, help="calibration windows (default 32; see DEFAULT_WINDOWS)")
-    p.add_argument("--validation", type=int, help="validation windows loaded (default 32)")
+    D.add_split_args(p, DEFAULTS)  # a spec without windows= uses DEFAULT_WINDOWS of the costly estimators
     p.add_argument("--measure-windows", type=int, help="validation windows each set is measured on (default 4)")
     p.add_argument("--estimators", help="comma-separated specs, or 'registry' for every registered estimator")
     p.add_argument("--estimator", action="append", default=[], help="one more spec (repeatable)")
@@ -180,9 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def run(job: C.Run) -> dict:
     args, out = job.args, job.out
-    progress = not args.no_progress
-    Ms = [int(m) for m in C.split_list(args.remove)]
     specs = specs_from(args)
+    Ms = [int(m) for m in C.split_list(args.remove)]
+    progress = not args.no_progress
 
     from cbo.solvers import solve
 

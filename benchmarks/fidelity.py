@@ -276,14 +276,7 @@ def random_sets(n: int, m: int, count: int, seed: int) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = C.parser(
-        __doc__,
-        out="fidelity",
-        out_help="output folder (results, measurement cache, QUBO cache)",
-        quick="tiny settings (a few minutes)",
-        seed=0,
-        progress=True,
-    )
+    p = C.parser(__doc__, out="fidelity", out_help="results and caches", quick="minutes", seed=0, progress=True)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--remove", default="8,15", help="comma-separated M values")
     p.add_argument("--calibration", type=int, default=32, help="calibration windows")

@@ -40,6 +40,13 @@ class Run:
         """The first fields of every result: the benchmark's name, the command and the machine."""
         return {"benchmark": self.name, "command": command_line(), "machine": machine(torch_info=torch_info), **fields}
 
+    def previous(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The result an earlier run with the same ``settings`` left in ``OUT/name.json`` ({} when none or others):
+        a rerun resumes from its rows."""
+        path = self.out / f"{self.name}.json"
+        earlier = json.loads(path.read_text()) if path.exists() else {}
+        return earlier if earlier.get("settings") == settings else {}
+
     def save(self, result: Any) -> Path:
         """Write ``OUT/name.json`` now (what an interrupted run keeps; ``--report`` reads it)."""
         return write_json(self.out / f"{self.name}.json", result)
@@ -98,7 +105,7 @@ def main(
 def parser(
     doc: str | None,
     *,
-    out: str | None = None,
+    out: str | Path | None = None,
     out_help: str = "output folder",
     quick: str | None = None,
     model: bool = False,
@@ -110,7 +117,8 @@ def parser(
 
     Args:
         doc: the script's docstring (its first line is the summary; the rest is shown by ``--help`` as written).
-        out: adds ``--out``, defaulting to ``benchmarks/out/<out>`` (``""``: ``benchmarks/out``).
+        out: adds ``--out``, defaulting to ``benchmarks/out/<out>`` (``""``: ``benchmarks/out``; a ``Path``: that
+            folder, for the scripts that write their summaries straight into ``benchmarks/results``).
         quick: adds ``--quick`` with this help text (the small settings the test suite runs).
         model: adds the model options (``--model --seq-len --batch-size --threads --seed --device
             --hessian-cache --no-progress``, see ``add_model_args``); ``threads``, ``seed`` and ``progress`` are
@@ -134,8 +142,9 @@ def parser(
         if progress:
             p.add_argument("--no-progress", action="store_true", help="no progress bars")
     if out is not None:
-        shown = "benchmarks/out" + (f"/{out}" if out else "")
-        p.add_argument("--out", default=str(OUT / out), help=f"{out_help} (default {shown})")
+        folder = out if isinstance(out, Path) else OUT / out
+        shown = os.path.relpath(folder, REPO)
+        p.add_argument("--out", default=str(folder), help=f"{out_help} (default {shown})")
     if quick is not None:
         p.add_argument("--quick", action="store_true", help=quick)
     return p
@@ -396,6 +405,13 @@ def timing_line(result: dict) -> str:
     new = result.get("new_measurements")
     cached = f" ({new} new measurements; the rest cached)" if new is not None else ""
     return f"Wall time: {result['wall_time_s']:.0f} s{extra}{cached}"
+
+
+def report_head(title: str, result: dict, machine: str | None = None) -> list[str]:
+    """The first lines of a benchmark's Markdown: the title, the command, the machine (``machine_line`` of the
+    result's unless given) and the timing line, then a blank line."""
+    machine = machine or machine_line(result["machine"])
+    return [f"# {title}", "", f"Command: `{result['command']}`  ", f"Machine: {machine}  ", timing_line(result), ""]
 
 
 def add_report_arg(p: argparse.ArgumentParser, name: str) -> None:

@@ -85,18 +85,13 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
                 with torch.no_grad():
                     model(input_ids=x, use_cache=False)
             else:
-                for p in model.parameters():
-                    p.requires_grad_(True)
-                for i in range(0, x.shape[0], args.batch_size):
-                    b = x[i : i + args.batch_size]
-                    model(input_ids=b, labels=b, use_cache=False).loss.backward()
-                model.zero_grad(set_to_none=True)
+                reference(x)
             return None
         return estimate_hessian(
             model, tok, x, estimator=estimator, blocks=blocks, batch_size=args.batch_size, progress=False, **opts
         )
 
-    def reference(x):
+    def reference(x):  # one forward + backward of the plain loss over every batch
         for p in model.parameters():
             p.requires_grad_(True)
         for i in range(0, x.shape[0], args.batch_size):
@@ -219,18 +214,12 @@ def markdown(result: dict) -> str:
             + [f"{r['peak_mb']:.0f}", passes]
         )
     threads = s.get("threads") or os.environ.get("OMP_NUM_THREADS", "default")
-    return "\n".join(
-        [
-            f"# Hessian estimators on {s['model']}, {s['n']}x{s['seq_len']} tokens, {s['device']}",
-            "",
-            f"Command: `{result['command']}`  ",
-            f"Machine: {C.machine_line(result['machine'])}; torch threads: {threads}; load average at the end: "
-            f"{result['load_average_at_end'][0]:.1f}  ",
-            C.timing_line(result),
-            "",
-            C.md_table(header, rows),
-        ]
+    title = f"Hessian estimators on {s['model']}, {s['n']}x{s['seq_len']} tokens, {s['device']}"
+    machine = (
+        f"{C.machine_line(result['machine'])}; torch threads: {threads}; load average at the end: "
+        f"{result['load_average_at_end'][0]:.1f}"
     )
+    return "\n".join([*C.report_head(title, result, machine), C.md_table(header, rows)])
 
 
 if __name__ == "__main__":

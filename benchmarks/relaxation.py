@@ -63,14 +63,7 @@ def run_relaxation(q: BlockQUBO, m: int, k: int, time_limit: float) -> dict[str,
     """One proof attempt by the enumerator's relaxation search (one thread)."""
     rec = run_solver(q, m, k, "enumerate", time_limit, strategy="relaxation", threads=1)
     info = rec.pop("info")
-    rec.update(
-        nodes=info["nodes"],
-        covered=info["covered"],
-        alpha=info["alpha"],
-        root_bound=info["root_bound"],
-        shor_bound=info["shor_bound"],
-        heuristic_seeds=info["heuristic_seeds"],
-    )
+    rec.update({k: info[k] for k in ("nodes", "covered", "alpha", "root_bound", "shor_bound", "heuristic_seeds")})
     return rec
 
 

@@ -76,13 +76,7 @@ QUICK = {  # every method at both points in a few CPU minutes (what tests/benchm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = C.parser(
-        __doc__,
-        out="search",
-        out_help="output folder (checkpoints, caches, results)",
-        quick="tiny settings for the test suite",
-        model=True,
-    )
+    p = C.parser(__doc__, out="search", out_help="checkpoints, caches, results", quick="tiny settings", model=True)
     p.add_argument("--points", help=f"grid points GRAN-M-sSEED, comma-separated (default {DEFAULTS['points']})")
     p.add_argument("--methods", help=f"methods to run (default {DEFAULTS['methods']})")
     p.add_argument("--calibration", type=int, help="calibration pool windows (default 32)")

@@ -35,13 +35,7 @@ VARIANTS = ("original", "depth", "width", "combined")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = C.parser(
-        __doc__,
-        out="speed",
-        out_help="output folder (pruned models go to OUT/models)",
-        quick="short prompts and runs (the test suite's run)",
-        model=True,
-    )
+    p = C.parser(__doc__, out="speed", out_help="results; pruned models in OUT/models", quick="short runs", model=True)
     p.add_argument("--remove", type=int, default=8, help="layers removed for depth (default 8)")
     p.add_argument("--width-ratio", type=float, default=0.25, help="fraction of parameters width pruning removes")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128; quick 16)")

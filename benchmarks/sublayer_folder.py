@@ -14,7 +14,10 @@ with ``cbo.load_pruned``'s; the folder sizes say what the zeros cost on disk.
 
 from __future__ import annotations
 
+import logging
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks import depth_harness as D
@@ -23,33 +26,23 @@ from benchmarks import harness as C
 DEFAULT_HALVES = "4.attn,8.attn,12.attn,16.attn,6.mlp,10.mlp,14.mlp,18.mlp"
 
 
-def load_report_printed():
-    """A context manager collecting transformers' LOAD REPORT warnings (missing or unexpected weights)."""
-    import logging
-    from contextlib import contextmanager
-
-    @contextmanager
-    def collect():
-        seen: list[str] = []
-
-        class Catch(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                if "LOAD REPORT" in record.getMessage():
-                    seen.append(record.getMessage())
-
-        logger, handler = logging.getLogger("transformers"), Catch(level=logging.WARNING)
-        level, propagate = logger.level, logger.propagate
-        logger.addHandler(handler)
-        logger.setLevel(logging.WARNING)
-        logger.propagate = False
-        try:
-            yield seen
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
-            logger.propagate = propagate
-
-    return collect()
+@contextmanager
+def load_report_printed() -> Iterator[list[str]]:
+    """Collect (and silence) transformers' LOAD REPORT warnings, missing or unexpected weights, inside it."""
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage()) if "LOAD REPORT" in record.getMessage() else None
+    logger = logging.getLogger("transformers")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def folder_bytes(path: Path) -> int:
