@@ -47,6 +47,19 @@ def char_tokenizer() -> CharTokenizer:
 
 
 @pytest.fixture
+def quiet_kernel_fallbacks():
+    """transformers at ERROR only: it says once per kernel that the reference PyTorch implementation of the Mamba2
+    scan is used (the hybrid tests)."""
+    import logging
+
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.fixture
 def cbo_home(tmp_path, monkeypatch):
     """A fresh, empty CBO_HOME for the test."""
     home = tmp_path / "cbo_home"
