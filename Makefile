@@ -19,18 +19,18 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 setup: $(STAMP)
-	$(PY) scripts/setup_default.py
+	$(VENV)/bin/cbo setup
 
 demo: setup
 	$(VENV)/bin/cbo demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cbo tests benchmarks scripts
-	$(VENV)/bin/ruff format --check cbo tests benchmarks scripts
+	$(VENV)/bin/ruff check cbo tests benchmarks
+	$(VENV)/bin/ruff format --check cbo tests benchmarks
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format cbo tests benchmarks scripts
-	$(VENV)/bin/ruff check --fix cbo tests benchmarks scripts
+	$(VENV)/bin/ruff format cbo tests benchmarks
+	$(VENV)/bin/ruff check --fix cbo tests benchmarks
 
 test: setup lint
 	$(VENV)/bin/pytest -q

@@ -28,11 +28,13 @@ QUICK = {
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = C.parser(__doc__, out="default_pipeline", quick="M = 2 on a few short windows (seconds to minutes)")
     p.add_argument("--model", default="smollm2-135m", help="model name or folder (default: the default model)")
-    args = p.parse_args(argv)
+    p.set_defaults(threads=1)
+    return C.main("default_pipeline", p, run, markdown, argv=argv)
+
+
+def run(job: C.Run) -> dict[str, Any]:
+    args, out = job.args, job.out
     settings = QUICK if args.quick else FULL
-    C.setup_torch(args.threads or 1)
-    out = C.out_dir(args)
-    clock = C.Stopwatch()
 
     from cbo import prune_depth
     from cbo.data.windows import make_splits
@@ -49,13 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     measurer = Measurer(
         model, blocks, test, batch_size=8, cache=MeasureCache(out / "measured", model, blocks), retain=False
     )
-    result: dict[str, Any] = {
-        "benchmark": "default_pipeline",
-        "command": C.command_line(),
-        "machine": C.machine(),
-        "quick": bool(args.quick),
-        "points": {},
-    }
+    result: dict[str, Any] = job.header(quick=bool(args.quick), points={})
     for m, windows in settings["points"]:
         t = C.Stopwatch()
         r = prune_depth(model, tok, remove=m, progress=False, **settings["prune"])
@@ -74,10 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "data": r.data_info.get("windows"),
         }
         print(m, result["points"][str(m)], flush=True)
-        C.write_json(out / "default_pipeline.json", result)
-    result["wall_time_s"] = round(clock(), 1)
-    result["cpu_time_s"] = round(clock.cpu(), 1)
-    C.write_outputs(out, "default_pipeline", result, markdown(result))
+        job.save(result)
     return result
 
 
@@ -87,17 +80,7 @@ def markdown(result: dict[str, Any]) -> str:
         for m, r in result["points"].items()
     ]
     header = ["M", "estimator", "removed", "rank", "test windows", "test PPL", "test KL", "validation KL"]
-    return "\n".join(
-        [
-            "# The default pipeline",
-            "",
-            f"Command: `{result['command']}`  ",
-            f"Machine: {C.machine_line(result['machine'])}  ",
-            C.timing_line(result),
-            "",
-            C.md_table(header, rows),
-        ]
-    )
+    return "\n".join([*C.report_head("The default pipeline", result), C.md_table(header, rows)])
 
 
 if __name__ == "__main__":

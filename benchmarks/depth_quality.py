@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 DEFAULTS = {
@@ -68,10 +69,7 @@ QUICK = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = C.parser(__doc__, out="depth_quality", quick="tiny settings for the test suite (a few minutes)", model=True)
-    p.add_argument("--remove", help=f"comma-separated M values (default {DEFAULTS['remove']})")
-    p.add_argument("--calibration", type=int, help="calibration windows (default 32)")
-    p.add_argument("--validation", type=int, help="validation windows (default 32)")
-    p.add_argument("--test", type=int, help="test windows (default 64)")
+    D.add_split_args(p, DEFAULTS)
     p.add_argument(
         "--estimators",
         help="comma-separated estimator specs name[:key=value...] for layer CBO; keys windows/loss/batch_size/label "
@@ -85,15 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, help="low-energy states ranked per M (default 10)")
     p.add_argument("--validate", type=int, help="of those, how many are measured on the validation split (default 10)")
     p.add_argument("--sleb-windows", type=int, help="calibration windows SLEB measures with (default 8)")
-    p.add_argument("--solver", default=None, help="solver name (default: auto / enumerate / swap-tabu by size)")
+    p.add_argument("--solver", default="auto", help="solver name (default: auto, exact where it can prove it)")
     p.add_argument("--no-plot", action="store_true")
     C.add_report_arg(p, "depth_quality")
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else DEFAULTS
-    for key, value in base.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    return args
+    return C.parse_with_defaults(p, argv, DEFAULTS, QUICK)
 
 
 # ------------------------------------------------------------------------------------------------ rankings
@@ -120,13 +113,11 @@ def ranking_for(method, model, windows, granularity, max_remove, caps, cache_dir
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.report:
-        return C.report_only(Path(args.out), "depth_quality", markdown, None if args.no_plot else plot)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return C.main("depth_quality", parse_args, run, markdown, plot, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    args, out = job.args, job.out
     progress = not args.no_progress
     Ms = [int(m) for m in C.split_list(args.remove)]
 
@@ -136,19 +127,17 @@ def main(argv: list[str] | None = None) -> dict:
     layer_specs_text = C.split_list(args.estimators)
     if layer_specs_text == ["registry"]:
         layer_specs_text = estimator_names()
-    layer_specs = [C.EstimatorSpec.parse(t) for t in layer_specs_text + list(args.estimator)]
-    sub_specs = [C.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_estimators)]
+    layer_specs = [D.EstimatorSpec.parse(t) for t in layer_specs_text + list(args.estimator)]
+    sub_specs = [D.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_estimators)]
 
-    model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=args.test)
-    measurer = C.Measurer(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
+    model, tok, splits = D.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=args.test)
+    measurer = D.MetricsCache(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
     fingerprint = measurer.fingerprint
     n_layers = len(measurer.blocks("layer"))
     print(f"model {args.model}: {n_layers} layers; splits {splits.info['windows']} x {args.seq_len} tokens", flush=True)
 
     result: dict[str, Any] = {
-        "benchmark": "depth_quality",
-        "command": C.command_line(),
-        "machine": C.machine(),
+        **job.header(),
         "settings": {k: v for k, v in vars(args).items()},
         "data": splits.info,
         "model_fingerprint": model_fingerprint(model),
@@ -183,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"agree {C.fmt(m['agreement']):>6}  removed {row['removed']}",
             flush=True,
         )
-        C.write_json(out / "depth_quality.json", result)
+        job.save(result)
 
     # ---------------------------------------------------------------- jobs
     rank_cache = out / "cache"
@@ -229,12 +218,12 @@ def main(argv: list[str] | None = None) -> dict:
             removed = ranking.select(factor * M, caps=cap)
             add_row(method, label, granularity, M, removed, ranking.wall_time + time.perf_counter() - t1)
 
-    def run_cbo(spec: C.EstimatorSpec) -> None:
+    def run_cbo(spec: D.EstimatorSpec) -> None:
         granularity = spec.granularity
         factor = 1 if granularity == "layer" else 2
         tag = spec.tag() + (" sublayer" if granularity == "sublayer" else "")
         print(f"cbo[{tag}]: Hessian", flush=True)
-        qubo, wall = C.estimate(spec, model, tok, calibration, args, progress)
+        qubo, wall = D.estimate(spec, model, tok, calibration, args, progress)
         meta = qubo.metadata
         result["setup"].append(
             {
@@ -248,17 +237,17 @@ def main(argv: list[str] | None = None) -> dict:
                 "spec": spec.to_json(),
             }
         )
-        solver = args.solver or C.default_solver(qubo.n)
+        solver = args.solver
         for M in Ms:
             K = factor * M
             q = qubo if granularity == "layer" else qubo.with_constraints(caps={"attention": M})
             t0 = time.perf_counter()
             try:
-                states = C.cached_solve(q, K, solver, k=args.top_k, seed=args.seed, cache_dir=rank_cache)
+                states = D.cached_solve(q, K, solver, k=args.top_k, seed=args.seed, cache_dir=rank_cache)
             except Exception as exc:  # keep a long run going; the row records the fallback
                 print(f"  solver {solver!r} failed ({exc!r}); falling back to swap-tabu", flush=True)
                 result.setdefault("solver_fallbacks", []).append({"estimator": tag, "remove": M, "error": repr(exc)})
-                states = C.cached_solve(q, K, "swap-tabu", k=args.top_k, seed=args.seed, cache_dir=rank_cache)
+                states = D.cached_solve(q, K, "swap-tabu", k=args.top_k, seed=args.seed, cache_dir=rank_cache)
             solve_s = time.perf_counter() - t0
             hessian_s = float(meta.get("wall_time_s") or wall)
             ground = list(states[0].removed)
@@ -317,14 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
         run_cbo(spec)
 
     result["original"]["validation"] = measurer.original("validation") if args.validate > 0 else None
-    result["wall_time_s"] = round(clock(), 1)
-    result["cpu_time_s"] = round(clock.cpu(), 1)
     result["new_measurements"] = measurer.new_measurements
-    C.write_json(out / "depth_quality.json", result)
-    (out / "depth_quality.md").write_text(markdown(result))
-    if not args.no_plot:
-        plot(result, out / "depth_quality.png")
-    print(f"wrote {out / 'depth_quality.json'}, .md{'' if args.no_plot else ', .png'} in {clock():.0f} s", flush=True)
     return result
 
 

@@ -1,7 +1,7 @@
 """Exact top-K on Ray: wall time on 1 and 2 workers (speed-up), and the overhead on a small instance.
 
     .venv/bin/python -m benchmarks.distributed                  # C(80,28) bounded, C(54,10) plain, small C(24,6)
-    .venv/bin/python -m benchmarks.distributed --large 70:20 --out /tmp/distributed
+    .venv/bin/python -m benchmarks.distributed --large 70:20 --out benchmarks/out/distributed-70
 
 What is timed:
 * ``local``: ``solve(..., "enumerate", threads=1)`` in this process (the reference result);
@@ -66,10 +66,12 @@ def main(argv=None) -> int:
     p.add_argument("--small-m", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3, help="repeats of the small-instance timings (median)")
     p.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray instance")
-    args = p.parse_args(argv)
-    args.large = args.large or [(80, 28, True), (54, 10, False)]
+    return C.main("distributed", p, run, argv=argv, torch=False)
 
-    clock = C.Stopwatch()
+
+def run(job: C.Run) -> int:
+    args, clock = job.args, job.clock
+    args.large = args.large or [(80, 28, True), (54, 10, False)]
     machine = C.machine(torch_info=False)
     print(C.machine_line(machine))
     t_init, _ = timed(lambda: init_ray(num_cpus=args.cpus, include_dashboard=False))
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
         )
     md.append(f"ray.init: {t_init:.1f} s.")
     print("\n".join(md))
-    C.write_outputs(C.out_dir(args), "distributed", result, "\n".join(md))
+    C.write_outputs(job.out, "distributed", result, "\n".join(md))
     shutdown()
     return 0
 

@@ -45,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="items per task (default: all)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    args = p.parse_args(argv)
+    return C.main("downstream", p, run, argv=argv)
 
-    C.setup_torch(args.threads)
+
+def run(job: C.Run) -> int:
+    args = job.args
     from cbo.downstream.harness import evaluate_tasks
     from cbo.model.loading import load_model
     from cbo.surgery.depth import remove_blocks

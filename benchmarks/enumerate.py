@@ -72,15 +72,33 @@ def _run(n: int, M: int, threads: int, time_limit: float | None, **options: Any)
     }
 
 
+def strategy_header(exact: str) -> str:
+    return (
+        f"{'instance':>10} {'strategy':>13} {'threads':>7} {'wall s':>8} {'cpu s':>8} {exact:>6} {'nodes':>9} "
+        f"{'E0':>8} {'E9':>8}"
+    )
+
+
+def strategy_line(n: int, M: int, strategy: str, th: int, row: dict[str, Any], *, wall_digits: int) -> str:
+    """One row of a strategy table: time, whether the top-10 is proven, nodes, the first and tenth energy."""
+    w = wall_digits
+    return (
+        f"{f'({n},{M})':>10} {strategy:>13} {th:>7} {row['wall_s']:>8.{w}f} {row['cpu_s']:>8.{w}f} "
+        f"{str(row['exact']):>6} {row['nodes']:>9.3g} {row['ground']:>8.4f} {row['tenth']:>8.4f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = C.parser(__doc__, out="", quick="small instances (a smoke run)", threads=False)
     ap.add_argument("--no-plain", action="store_true", help="skip the full enumerations")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts (default 1 2)")
     ap.add_argument("--stretch-limit", type=float, default=60.0, help="time limit of the stretch cases (s)")
     ap.add_argument("--strategies", nargs="+", default=["lexicographic", "relaxation"], help="search strategies")
-    args = ap.parse_args(argv)
+    return C.main("enumerate", ap, run, argv=argv, torch=False)
 
-    clock = C.Stopwatch()
+
+def run(job: C.Run) -> int:
+    args, clock = job.args, job.clock
     machine = C.machine(torch_info=False)
     cases = QUICK_CASES if args.quick else CASES
     stretch = QUICK_STRETCH if args.quick else STRETCH
@@ -106,38 +124,22 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
     print("\nexact top-10 by each strategy")
-    print(
-        f"{'instance':>10} {'strategy':>13} {'threads':>7} {'wall s':>8} {'cpu s':>8} {'exact':>6} {'nodes':>9} "
-        f"{'E0':>8} {'E9':>8}"
-    )
+    print(strategy_header("exact"))
     for n, M in cases:
         for strategy in args.strategies:
             for th in args.threads:
                 row = _run(n, M, th, None, strategy=strategy)
-                row["kind"] = "top10"
-                rows.append(row)
-                print(
-                    f"{f'({n},{M})':>10} {strategy:>13} {th:>7} {row['wall_s']:>8.3f} {row['cpu_s']:>8.3f} "
-                    f"{str(row['exact']):>6} {row['nodes']:>9.3g} {row['ground']:>8.4f} {row['tenth']:>8.4f}",
-                    flush=True,
-                )
+                rows.append(row | {"kind": "top10"})
+                print(strategy_line(n, M, strategy, th, row, wall_digits=3), flush=True)
 
     print(f"\nstretch: exact top-10 within {args.stretch_limit:g} s")
-    print(
-        f"{'instance':>10} {'strategy':>13} {'threads':>7} {'wall s':>8} {'cpu s':>8} {'proven':>6} {'nodes':>9} "
-        f"{'E0':>8} {'E9':>8}"
-    )
+    print(strategy_header("proven"))
     for n, M in stretch:
         th = max(args.threads)
         for strategy in args.strategies:
             row = _run(n, M, th, args.stretch_limit, strategy=strategy)
-            row["kind"] = "stretch"
-            rows.append(row)
-            print(
-                f"{f'({n},{M})':>10} {strategy:>13} {th:>7} {row['wall_s']:>8.2f} {row['cpu_s']:>8.2f} "
-                f"{str(row['exact']):>6} {row['nodes']:>9.3g} {row['ground']:>8.4f} {row['tenth']:>8.4f}",
-                flush=True,
-            )
+            rows.append(row | {"kind": "stretch"})
+            print(strategy_line(n, M, strategy, th, row, wall_digits=2), flush=True)
 
     result = {
         "benchmark": "enumerate",
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_time_s": round(clock(), 1),
         "rows": rows,
     }
-    path = C.write_json(C.out_dir(args) / "enumerate.json", result)
+    path = job.save(result)
     print(f"\nwrote {path}")
     return 0
 

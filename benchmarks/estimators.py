@@ -37,47 +37,38 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 # calibration windows of the costly built-in estimators when the spec does not say (exact: N double-backward
 # passes per batch; pairwise: 1 + N + N(N-1)/2 forward passes per batch)
 DEFAULT_WINDOWS = {"exact": 4, "pairwise": 8}
-DEFAULTS = {
-    "remove": "4,8,15",
-    "calibration": 32,
-    "validation": 32,
-    "seq_len": 128,
-    "estimators": "registry",
-    "losses": "kl,ce",
-    "random": 200,
-    "low": 50,
-    "measure_windows": 4,
-}
-QUICK = {
-    "remove": "2,4",
-    "calibration": 2,
-    "validation": 2,
-    "seq_len": 64,
-    "estimators": "fisher",
-    "losses": "kl,ce",
-    "random": 6,
-    "low": 4,
-    "measure_windows": 1,
-}
+DEFAULTS = dict(
+    remove="4,8,15",
+    calibration=32,
+    validation=32,
+    seq_len=128,
+    estimators="registry",
+    losses="kl,ce",
+    random=200,
+    low=50,
+    measure_windows=4,
+)
+QUICK = DEFAULTS | dict(  # the test suite's run: the same, smaller
+    remove="2,4", calibration=2, validation=2, seq_len=64, estimators="fisher", random=6, low=4, measure_windows=1
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = C.parser(__doc__, out="estimators", quick="tiny settings for the test suite", model=True)
-    p.add_argument("--remove", help="comma-separated M values (default 4,8,15)")
-    p.add_argument("--calibration", type=int, help="calibration windows (default 32; see DEFAULT_WINDOWS)")
-    p.add_argument("--validation", type=int, help="validation windows loaded (default 32)")
+    D.add_split_args(p, DEFAULTS)  # a spec without windows= uses DEFAULT_WINDOWS of the costly estimators
     p.add_argument("--measure-windows", type=int, help="validation windows each set is measured on (default 4)")
     p.add_argument("--estimators", help="comma-separated specs, or 'registry' for every registered estimator")
     p.add_argument("--estimator", action="append", default=[], help="one more spec (repeatable)")
     p.add_argument("--losses", help="comma-separated losses for specs without loss= (default kl,ce)")
     p.add_argument("--random", type=int, help="random removal sets per M (default 200)")
     p.add_argument("--low", type=int, help="lowest-energy sets per estimator, loss and M (default 50)")
-    p.add_argument("--solver", default=None, help="solver for the low-energy sets (default: auto/enumerate)")
+    p.add_argument("--solver", default="auto", help="solver for the low-energy sets (default: auto)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--calibration-sizes", help="comma-separated calibration sizes of the paper estimator's rows")
     p.add_argument("--paper-out", default=None, help="folder of the nested paper QUBOs (benchmarks/paper_sizes.py)")
@@ -85,14 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--paper-wait", action="store_true", help="wait for a running paper_sizes.py to write each size")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the sets for ρ's interval")
     C.add_report_arg(p, "estimators")
-    args = p.parse_args(argv)
-    for key, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    return args
+    return C.parse_with_defaults(p, argv, DEFAULTS, QUICK)
 
 
-def specs_from(args: argparse.Namespace) -> list[C.EstimatorSpec]:
+def specs_from(args: argparse.Namespace) -> list[D.EstimatorSpec]:
     from cbo.hessian import get
     from cbo.hessian import names as registered
 
@@ -104,7 +91,7 @@ def specs_from(args: argparse.Namespace) -> list[C.EstimatorSpec]:
     for text in texts:
         explicit_loss = ":loss=" in text
         for loss in [None] if explicit_loss else C.split_list(args.losses):
-            spec = C.EstimatorSpec.parse(text, loss=loss or "kl")
+            spec = D.EstimatorSpec.parse(text, loss=loss or "kl")
             if spec.windows is None and spec.name in DEFAULT_WINDOWS:
                 spec.windows = min(DEFAULT_WINDOWS[spec.name], args.calibration)
             if spec.loss not in get(spec.name).losses:
@@ -117,7 +104,7 @@ def specs_from(args: argparse.Namespace) -> list[C.EstimatorSpec]:
     return specs
 
 
-def paper_estimate(spec: C.EstimatorSpec, model: Any, tok: Any, args: argparse.Namespace, progress: bool) -> Any:
+def paper_estimate(spec: D.EstimatorSpec, model: Any, tok: Any, args: argparse.Namespace, progress: bool) -> Any:
     """The paper estimator's QUBO on the first ``spec.windows`` windows of the shuffled calibration pool."""
     from benchmarks import paper_sizes
 
@@ -178,21 +165,19 @@ def fidelity(energies: list[float], kls: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.report:
-        return C.report_only(Path(args.out), "estimators", markdown, None if args.no_plot else plot)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    progress = not args.no_progress
-    Ms = [int(m) for m in C.split_list(args.remove)]
+    return C.main("estimators", parse_args, run, markdown, plot, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    args, out = job.args, job.out
     specs = specs_from(args)
+    Ms = [int(m) for m in C.split_list(args.remove)]
+    progress = not args.no_progress
 
     from cbo.solvers import solve
 
-    model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=0)
-    measurer = C.Measurer(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
+    model, tok, splits = D.load(args, n_calibration=args.calibration, n_validation=args.validation, n_test=0)
+    measurer = D.MetricsCache(model, splits, out / "cache" / "measurements.json", batch_size=args.batch_size)
     n = len(measurer.blocks("layer"))
     mw = args.measure_windows
     original = measurer.original("validation", mw)
@@ -203,9 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {"kl": C.as_float(m["kl"]), "dnll": C.as_float(m["nll"]) - original["nll"]}
 
     result: dict[str, Any] = {
-        "benchmark": "estimators",
-        "command": C.command_line(),
-        "machine": C.machine(),
+        **job.header(),
         "settings": dict(vars(args)),
         "data": splits.info,
         "n_blocks": n,
@@ -221,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         result["sets"][str(M)] = {"random": [[list(s), measured(s)] for s in randoms[M]]}
         print(f"M={M}: {len(randoms[M])} random sets measured in {time.perf_counter() - t0:.0f} s", flush=True)
-        C.write_json(out / "estimators.json", result)
+        job.save(result)
 
     for spec in specs:
         print(f"{spec.tag(with_loss=False)} ({spec.loss}): Hessian", flush=True)
@@ -230,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
             qubo = paper_estimate(spec, model, tok, args, progress)
             wall = time.perf_counter() - t0
         else:
-            qubo, wall = C.estimate(spec, model, tok, splits.calibration, args, progress)
+            qubo, wall = D.estimate(spec, model, tok, splits.calibration, args, progress)
         meta = qubo.metadata
         result["costs"].append(
             {
@@ -244,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "cached": wall < 0.5 * float(meta.get("wall_time_s") or 0.0),
             }
         )
-        solver = args.solver or C.default_solver(qubo.n)
+        solver = args.solver
         for M in Ms:
             t0 = time.perf_counter()
             states = solve(qubo, M, solver, k=args.low, seed=args.seed)
@@ -296,16 +279,9 @@ def main(argv: list[str] | None = None) -> dict:
                 f"at rank {best_low} (KL {C.fmt(row['best_low_kl'])} vs ground {C.fmt(row['ground_kl'])})",
                 flush=True,
             )
-            C.write_json(out / "estimators.json", result)
+            job.save(result)
 
-    result["wall_time_s"] = round(clock(), 1)
-    result["cpu_time_s"] = round(clock.cpu(), 1)
     result["new_measurements"] = measurer.new_measurements
-    C.write_json(out / "estimators.json", result)
-    (out / "estimators.md").write_text(markdown(result))
-    if not args.no_plot:
-        plot(result, out / "estimators.png")
-    print(f"wrote {out / 'estimators.json'}, .md in {clock():.0f} s", flush=True)
     return result
 
 

@@ -276,14 +276,7 @@ def random_sets(n: int, m: int, count: int, seed: int) -> list[list[int]]:
 
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = C.parser(
-        __doc__,
-        out="fidelity",
-        out_help="output folder (results, measurement cache, QUBO cache)",
-        quick="tiny settings (a few minutes)",
-        seed=0,
-        progress=True,
-    )
+    p = C.parser(__doc__, out="fidelity", out_help="results and caches", quick="minutes", seed=0, progress=True)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--remove", default="8,15", help="comma-separated M values")
     p.add_argument("--calibration", type=int, default=32, help="calibration windows")
@@ -323,7 +316,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+    # its own outputs: results.json (results-quick.json) and .md, written as the stages go
+    return C.main("fidelity", parse_args, run, argv=argv)
+
+
+def run(job: C.Run) -> dict:
+    args = job.args
     import torch
 
     from cbo.data.windows import make_splits
@@ -332,10 +330,6 @@ def main(argv: list[str] | None = None) -> dict:
     from cbo.model.loading import load_model
     from cbo.solvers import solve
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    args.out.mkdir(parents=True, exist_ok=True)
     result_path = args.out / ("results-quick.json" if args.quick else "results.json")
     result: dict[str, Any] = json.loads(result_path.read_text()) if result_path.exists() else {}
     if args.stage == "report":

@@ -13,7 +13,7 @@ to the committed SmolLM2-135M Fisher QUBOs (32 calibration sequences). This scri
 and prints the statistics of each (``cbo.qubo.instances.fisher_statistics``) beside the real instances'::
 
     .venv/bin/python -m benchmarks.fisher_instances
-    .venv/bin/python -m benchmarks.fisher_instances --out /tmp/inst --seed 1
+    .venv/bin/python -m benchmarks.fisher_instances --out benchmarks/out/instances --seed 1
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ def instance_name(granularity: str, n: int, samples: int, seed: int = 0) -> str:
 def main(argv: list[str] | None = None) -> list[Path]:
     p = C.parser(__doc__, threads=False, seed=0)
     p.add_argument("--out", default=str(C.INSTANCES), help="folder for the .cboq files (default benchmarks/instances)")
-    args = p.parse_args(argv)
-    out = C.out_dir(args)
+    return C.main("fisher_instances", p, run, argv=argv, torch=False)
+
+
+def run(job: C.Run) -> list[Path]:
+    args, out = job.args, job.out
     rows = []
     for name in REAL:
         rows.append((name, fisher_statistics(BlockQUBO.load(C.INSTANCES / f"{name}.cboq").H)))

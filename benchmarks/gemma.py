@@ -169,30 +169,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of every step")
     p.add_argument("--out", type=Path, default=C.REPO / "benchmarks" / "results" / NAME)
-    p.add_argument("--models", type=Path, default=C.OUT / NAME, help="where the pruned folders go (not committed)")
+    p.add_argument(
+        "--models",
+        type=Path,
+        default=C.OUT / NAME,
+        help="where the pruned folders and the finished steps go (not committed; a rerun does only what is missing)",
+    )
     p.add_argument("--step", default=None, help=argparse.SUPPRESS)
     p.add_argument("--chunk-bytes", type=int, default=128 * 2**20, help=argparse.SUPPRESS)
     p.add_argument("--labels", default="", help=argparse.SUPPRESS)
     p.add_argument("--folders", default="", help=argparse.SUPPRESS)
     C.add_report_arg(p, NAME)
-    args = p.parse_args(argv)
-    if args.step == "evaluate":
+    C.main(NAME, p, run, markdown, argv=argv, torch=False)
+    return 0
+
+
+def run(job: C.Run) -> dict | None:
+    args = job.args
+    if args.step == "evaluate":  # a child process: one step
         evaluate_main(args)
-        return 0
+        return None
     if args.step == "memory":
         memory_main(args)
-        return 0
-    if args.report:
-        C.report_only(args.out, NAME, markdown)
-        return 0
-
+        return None
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(C.REPO))
-    steps_dir = args.out / "steps"
+    steps_dir = args.models / "steps"  # one JSON a finished step: the resume points
     models_dir = args.models
     settings = {k: getattr(args, k) for k in ("model", "remove", "n_calibration", "n_validation", "n_test")}
     settings |= {"seq_len": args.seq_len, "seed": args.seed, "threads": args.threads}
-    result = {"settings": settings, "machine": C.machine(), "command": C.command_line(), "steps": {}}
-    t0 = time.perf_counter()
+    # the steps ran in child processes: this process's CPU time says nothing
+    result = {**job.header(), "settings": settings, "steps": {}, "cpu_time_s": None}
     folders = {label: models_dir / method for label, method in METHODS.items()}
     for label, method in METHODS.items():
         path = steps_dir / f"prune {label}.json"
@@ -219,11 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         step = run | json_of(run.pop("stdout"))
         result["steps"]["evaluate"] = step
         C.write_json(path, step)
-    result["wall_time_s"] = time.perf_counter() - t0
-    C.write_json(args.out / f"{NAME}.json", result)
-    (args.out / f"{NAME}.md").write_text(markdown(result))
     print(markdown(result))
-    return 0
+    return result
 
 
 if __name__ == "__main__":

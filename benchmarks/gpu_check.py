@@ -244,7 +244,11 @@ def _pick(info: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = C.parser(__doc__, threads=False)
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check.json (default: $OUT, if set)")
-    args = p.parse_args(argv)
+    return C.main("gpu_check", p, run, argv=argv, torch=False)
+
+
+def run(job: C.Run) -> int:
+    args = job.args
     REPORT["command"] = C.command_line()
     REPORT["machine"] = C.machine(torch_info=False)
     code = 0

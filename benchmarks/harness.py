@@ -1,15 +1,14 @@
-"""What the benchmark scripts share: the argument parser (``parser``), the output folder, thread setting, machine
-facts, timing, JSON / Markdown output, and for the depth benchmarks the model and splits, estimator specs and a
-measurement cache that makes reruns cheap.
+"""What the benchmark scripts share: the skeleton of their ``main`` (``main``), the argument parser (``parser``),
+the output folder, thread setting, machine facts, timing, JSON / Markdown output and resumable records. What only
+the depth benchmarks share (the model and splits, estimator specs, a measurement cache) is ``depth_harness``.
 
-Every script builds its options with ``parser`` and is run from the repository root as
+Every script builds its options with ``parser``, hands its work to ``main`` and is run from the repository root as
 ``python -m benchmarks.NAME``. Nothing here imports torch at import time: the solver benchmarks run without it.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -17,7 +16,8 @@ import platform
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,86 @@ OUT = REPO / "benchmarks" / "out"
 INSTANCES = REPO / "benchmarks" / "instances"  # the committed QUBO instances (.cboq)
 
 
+# ------------------------------------------------------------------------------------------------ the skeleton
+@dataclass
+class Run:
+    """What a benchmark's work function gets from ``main``: its name, arguments, output folder (created) and clock."""
+
+    name: str
+    args: argparse.Namespace
+    out: Path
+    clock: Stopwatch
+
+    def header(self, *, torch_info: bool = True, **fields: Any) -> dict[str, Any]:
+        """The first fields of every result: the benchmark's name, the command and the machine."""
+        return {"benchmark": self.name, "command": command_line(), "machine": machine(torch_info=torch_info), **fields}
+
+    def previous(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The result an earlier run with the same ``settings`` left in ``OUT/name.json`` ({} when none or others):
+        a rerun resumes from its rows."""
+        path = self.out / f"{self.name}.json"
+        earlier = json.loads(path.read_text()) if path.exists() else {}
+        return earlier if earlier.get("settings") == settings else {}
+
+    def save(self, result: Any) -> Path:
+        """Write ``OUT/name.json`` now (what an interrupted run keeps; ``--report`` reads it)."""
+        return write_json(self.out / f"{self.name}.json", result)
+
+
+def main(
+    name: str,
+    parse: argparse.ArgumentParser | Callable[[list[str] | None], argparse.Namespace],
+    run: Callable[[Run], Any],
+    markdown: Callable[[dict], str] | None = None,
+    plot: Callable[[dict, Path], None] | None = None,
+    *,
+    argv: list[str] | None = None,
+    torch: bool = True,
+) -> Any:
+    """The ``main`` of a benchmark script: parse, ``--report`` alone, stopwatch, threads, folder, run, outputs.
+
+    Args:
+        name: the outputs' stem (``OUT/name.json``, ``.md``, ``.png``).
+        parse: the script's parser, or a function of ``argv`` that returns its arguments.
+        run: the work; gets a ``Run`` and returns the result (a dict; anything else is returned as it is, with no
+            outputs written: an exit code, a list of written files).
+        markdown: the report of a result; with it ``main`` writes the JSON and Markdown (and the plot unless
+            ``--no-plot``), after adding the wall and CPU times when ``run`` did not.
+        plot: ``plot(result, path)``, a PNG.
+        torch: set torch's threads (``--threads``) and seed before ``run`` (False: the solver benchmarks, no torch).
+
+    Example:
+        >>> def run(r: Run) -> dict:
+        ...     return r.header(rows=[...])
+        >>> main("speed", parser(__doc__, out="speed"), run, markdown)
+    """
+    args = parse.parse_args(argv) if isinstance(parse, argparse.ArgumentParser) else parse(argv)
+    out = Path(getattr(args, "out", None) or OUT / name)
+    draw = None if getattr(args, "no_plot", False) else plot
+    if getattr(args, "report", False) and markdown is not None:  # without ``markdown``, ``run`` reports itself
+        return report_only(out, name, markdown, draw)
+    clock = Stopwatch()
+    if torch:
+        setup_torch(getattr(args, "threads", None))
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(Run(name, args, out, clock))
+    if markdown is None or not isinstance(result, dict):
+        return result
+    if result.get("wall_time_s") is None:  # None: the mark of a run that has not finished
+        result["wall_time_s"] = round(clock(), 1)
+    result.setdefault("cpu_time_s", round(clock.cpu(), 1))
+    write_outputs(out, name, result, markdown(result))
+    if draw is not None:
+        draw(result, out / f"{name}.png")
+    print(f"wrote {out / name}.json, .md{'' if draw is None else ', .png'} in {clock():.0f} s", flush=True)
+    return result
+
+
 # ------------------------------------------------------------------------------------------------ arguments
 def parser(
     doc: str | None,
     *,
-    out: str | None = None,
+    out: str | Path | None = None,
     out_help: str = "output folder",
     quick: str | None = None,
     model: bool = False,
@@ -42,7 +117,8 @@ def parser(
 
     Args:
         doc: the script's docstring (its first line is the summary; the rest is shown by ``--help`` as written).
-        out: adds ``--out``, defaulting to ``benchmarks/out/<out>`` (``""``: ``benchmarks/out``).
+        out: adds ``--out``, defaulting to ``benchmarks/out/<out>`` (``""``: ``benchmarks/out``; a ``Path``: that
+            folder, for the scripts that write their summaries straight into ``benchmarks/results``).
         quick: adds ``--quick`` with this help text (the small settings the test suite runs).
         model: adds the model options (``--model --seq-len --batch-size --threads --seed --device
             --hessian-cache --no-progress``, see ``add_model_args``); ``threads``, ``seed`` and ``progress`` are
@@ -66,11 +142,23 @@ def parser(
         if progress:
             p.add_argument("--no-progress", action="store_true", help="no progress bars")
     if out is not None:
-        shown = "benchmarks/out" + (f"/{out}" if out else "")
-        p.add_argument("--out", default=str(OUT / out), help=f"{out_help} (default {shown})")
+        folder = out if isinstance(out, Path) else OUT / out
+        shown = os.path.relpath(folder, REPO)
+        p.add_argument("--out", default=str(folder), help=f"{out_help} (default {shown})")
     if quick is not None:
         p.add_argument("--quick", action="store_true", help=quick)
     return p
+
+
+def parse_with_defaults(
+    p: argparse.ArgumentParser, argv: list[str] | None, full: dict[str, Any], quick: dict[str, Any]
+) -> argparse.Namespace:
+    """Parse ``argv``; every option left unset (None) takes its value from ``quick`` under ``--quick``, else ``full``."""
+    args = p.parse_args(argv)
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
 
 
 def out_dir(args: argparse.Namespace) -> Path:
@@ -150,271 +238,8 @@ def add_model_args(p: argparse.ArgumentParser, *, seed: int = 0) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def device_of(args: argparse.Namespace) -> str:
-    import torch
-
-    if args.device:
-        return args.device
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def hessian_cache(args: argparse.Namespace) -> Path:
-    if args.hessian_cache:
-        return Path(args.hessian_cache)
-    from cbo.model.loading import cbo_home
-
-    return cbo_home() / "cache" / "hessian"
-
-
-def load(args: argparse.Namespace, *, n_calibration: int, n_validation: int, n_test: int) -> tuple[Any, Any, Any]:
-    """(model, tokenizer, TokenSplits) on the default text (Austen: calibration Emma, validation Mansfield Park,
-    test Persuasion)."""
-    from cbo.data.windows import make_splits
-    from cbo.model.loading import load_model
-
-    model, tok = load_model(args.model, device=device_of(args))
-    splits = make_splits(
-        tok,
-        seq_len=args.seq_len,
-        n_calibration=n_calibration,
-        n_validation=n_validation,
-        n_test=n_test,
-        seed=args.seed,
-        model=model,
-    )
-    return model, tok, splits
-
-
-# ------------------------------------------------------------------------------------------------ specs
-def parse_value(text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-RUN_KEYS = ("windows", "loss", "batch_size", "granularity", "label")
-
-
-@dataclass
-class EstimatorSpec:
-    """One estimator configuration: ``name[:key=value[:key=value...]]``.
-
-    Keys ``windows`` (calibration windows used, the first n), ``loss``, ``batch_size``, ``granularity`` and
-    ``label`` set the run; every other key is an estimator option (``pairwise:couplings=raw``).
-    """
-
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
-    windows: int | None = None
-    loss: str = "kl"
-    batch_size: int | None = None
-    granularity: str = "layer"
-    label: str | None = None
-
-    @classmethod
-    def parse(cls, text: str, *, loss: str = "kl", granularity: str = "layer") -> EstimatorSpec:
-        parts = [p for p in text.strip().split(":") if p]
-        if not parts:
-            raise SystemExit(f"empty estimator spec {text!r}")
-        spec = cls(parts[0], loss=loss, granularity=granularity)
-        for part in parts[1:]:
-            if "=" not in part:
-                raise SystemExit(f"estimator spec {text!r}: {part!r} is not key=value")
-            key, value = part.split("=", 1)
-            if key in RUN_KEYS:
-                setattr(spec, key, parse_value(value))
-            else:
-                spec.options[key] = parse_value(value)
-        return spec
-
-    def tag(self, with_loss: bool = True) -> str:
-        if self.label:
-            return str(self.label)
-        bits = [self.name] + [f"{k}={v}" for k, v in sorted(self.options.items())]
-        if with_loss and self.loss != "kl":
-            bits.append(f"loss={self.loss}")
-        if self.windows:
-            bits.append(f"w={self.windows}")
-        return ":".join(bits)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "options": self.options,
-            "windows": self.windows,
-            "loss": self.loss,
-            "batch_size": self.batch_size,
-            "granularity": self.granularity,
-            "tag": self.tag(),
-        }
-
-
 def split_list(text: str | None) -> list[str]:
     return [t.strip() for t in (text or "").split(",") if t.strip()]
-
-
-def estimate(
-    spec: EstimatorSpec, model: Any, tok: Any, calibration: Any, args: argparse.Namespace, progress: bool
-) -> tuple[Any, float]:
-    """The spec's QUBO (from the Hessian cache when present) and the wall time of this call."""
-    from cbo.hessian import estimate_hessian
-
-    windows = calibration if not spec.windows else calibration[: int(spec.windows)]
-    t0 = time.perf_counter()
-    qubo = estimate_hessian(
-        model,
-        tok,
-        windows,
-        estimator=spec.name,
-        loss=spec.loss,
-        granularity=spec.granularity,
-        batch_size=int(spec.batch_size or args.batch_size),
-        seed=args.seed,
-        cache_dir=hessian_cache(args),
-        progress=progress,
-        **spec.options,
-    )
-    return qubo, time.perf_counter() - t0
-
-
-def default_solver(n_blocks: int) -> str:
-    """``auto`` when registered; else the exact enumerator for layer-sized problems, tabu swaps beyond."""
-    from cbo.solvers import names
-
-    if "auto" in names():
-        return "auto"
-    return "enumerate" if n_blocks <= 40 else "swap-tabu"
-
-
-def cached_solve(qubo: Any, remove: int, solver: str, *, k: int, seed: int, cache_dir: Path) -> Any:
-    """``cbo.solve(qubo, remove, solver, k=k, seed=seed)``, from ``cache_dir`` when this exact solve was done before.
-
-    A solve that is not proven exact (``auto`` on a large space under its time budget) depends on how fast the
-    machine was, so a rerun of a benchmark would otherwise validate other states; the cache keeps a rerun's
-    choices, and its measurements, those of the first run. The key is the QUBO's data and constraints, M, the
-    solver, k and the seed.
-    """
-    import numpy as np
-
-    from cbo.errors import CorruptFileError
-    from cbo.qubo.states import RankedStates
-    from cbo.solvers import solve
-
-    digest = hashlib.sha256()
-    for arr in (qubo.H, qubo.g):
-        digest.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
-    digest.update(json.dumps([qubo.constraints.to_json(), int(remove), solver, int(k), int(seed)]).encode())
-    path = Path(cache_dir) / f"states-{digest.hexdigest()[:32]}.json"
-    if path.exists():
-        try:
-            return RankedStates.load(path)
-        except (CorruptFileError, KeyError, ValueError):
-            pass  # a damaged cache entry: solve again and replace it
-    states = solve(qubo, remove, solver, k=k, seed=seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    states.save(path)
-    return states
-
-
-# ------------------------------------------------------------------------------------------------ measuring
-class Measurer:
-    """Test/validation metrics of removal sets, cached on disk so a rerun measures only what is new.
-
-    The cache is keyed by the model's fingerprint, the split's data hash, the granularity and the removed set.
-    Sets are measured by ``cbo.measure.measurer.Measurer`` (the original pass of a split's windows once, every set
-    from its recorded streams, no model copies); its values equal those of the surgically pruned model.
-    """
-
-    def __init__(self, model: Any, splits: Any, cache_file: Path, *, batch_size: int = 8) -> None:
-        from cbo.model.fingerprint import model_fingerprint
-
-        self.model = model
-        self.splits = splits
-        self.batch_size = batch_size
-        self.fingerprint = model_fingerprint(model)
-        self.cache_file = Path(cache_file)
-        self.cache: dict[str, dict] = {}
-        if self.cache_file.exists():
-            try:
-                self.cache = json.loads(self.cache_file.read_text())
-            except ValueError:
-                self.cache = {}
-        self._measurers: dict[tuple[str, str, int | None], Any] = {}
-        self._blocks: dict[str, list] = {}
-        self.new_measurements = 0
-        self.measure_time = 0.0
-
-    def blocks(self, granularity: str) -> list:
-        from cbo.model.blocks import find_blocks
-
-        if granularity not in self._blocks:
-            self._blocks[granularity] = find_blocks(self.model, granularity)
-        return self._blocks[granularity]
-
-    def _data(self, split: str, windows: int | None) -> Any:
-        return self.splits[split] if windows is None else self.splits[split][:windows]
-
-    def measurer(self, split: str, granularity: str, windows: int | None = None) -> Any:
-        """The ``cbo`` measurer of one split (its first ``windows`` windows) at one granularity."""
-        from cbo.measure.measurer import Measurer as Engine
-
-        key = (split, granularity, windows)
-        if key not in self._measurers:
-            data = self._data(split, windows)
-            self._measurers[key] = Engine(self.model, self.blocks(granularity), data, batch_size=self.batch_size)
-        return self._measurers[key]
-
-    def _key(self, split: str, granularity: str, removed: Any, windows: int | None) -> str:
-        from cbo.data.windows import data_hash
-
-        data = self._data(split, windows)
-        text = json.dumps([self.fingerprint, data_hash(data), granularity, sorted(int(i) for i in removed)])
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-    def original(self, split: str, windows: int | None = None) -> dict:
-        """Metrics of the unpruned model (KL 0, agreement 1 by definition)."""
-        key = self._key(split, "layer", [], windows)
-        if key in self.cache:
-            return self.cache[key]
-        m = self.measurer(split, "layer", windows).losses([()]).base_metrics()
-        m["n_params"] = self.measurer(split, "layer", windows).pruned_parameters(())
-        self.cache[key] = m
-        self.save()
-        return m
-
-    def measure(self, split: str, granularity: str, removed: Any, windows: int | None = None) -> dict:
-        """``{"ppl", "nll", "kl", "agreement", "n_tokens", "n_params"}`` of the model without ``removed``."""
-        key = self._key(split, granularity, removed, windows)
-        if key in self.cache:
-            return self.cache[key]
-        t0 = time.perf_counter()
-        engine = self.measurer(split, granularity, windows)
-        m = engine.losses([removed]).metrics(0)
-        m["n_params"] = engine.pruned_parameters(removed)
-        self.measure_time += time.perf_counter() - t0
-        self.new_measurements += 1
-        self.cache[key] = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in m.items()}
-        self.save()
-        return self.cache[key]
-
-    def release(self, split: str) -> None:
-        """Free the original passes kept for ``split`` (they are run again when needed)."""
-        for key in [k for k in self._measurers if k[0] == split]:
-            del self._measurers[key]
-
-    def save(self) -> None:
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_file.with_name(self.cache_file.name + ".tmp")
-        tmp.write_text(json.dumps(self.cache))
-        tmp.replace(self.cache_file)
 
 
 def as_float(v: Any) -> float:
@@ -580,6 +405,13 @@ def timing_line(result: dict) -> str:
     new = result.get("new_measurements")
     cached = f" ({new} new measurements; the rest cached)" if new is not None else ""
     return f"Wall time: {result['wall_time_s']:.0f} s{extra}{cached}"
+
+
+def report_head(title: str, result: dict, machine: str | None = None) -> list[str]:
+    """The first lines of a benchmark's Markdown: the title, the command, the machine (``machine_line`` of the
+    result's unless given) and the timing line, then a blank line."""
+    machine = machine or machine_line(result["machine"])
+    return [f"# {title}", "", f"Command: `{result['command']}`  ", f"Machine: {machine}  ", timing_line(result), ""]
 
 
 def add_report_arg(p: argparse.ArgumentParser, name: str) -> None:

@@ -14,7 +14,7 @@ with a subset of the blocks gated and its full cost predicted from the pass coun
 timing noise (every pass is the same forward). These three are timed by their first run alone.
 
     .venv/bin/python -m benchmarks.hessian                    # default model, 8 x 128 tokens
-    .venv/bin/python -m benchmarks.hessian --out /tmp/hessian --only fwd+bwd,fisher
+    .venv/bin/python -m benchmarks.hessian --out benchmarks/out/hessian-two --only fwd+bwd,fisher
     .venv/bin/python -m benchmarks.hessian --quick            # 2 x 32 tokens, one repeat (the test suite's run)
 """
 
@@ -85,18 +85,13 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
                 with torch.no_grad():
                     model(input_ids=x, use_cache=False)
             else:
-                for p in model.parameters():
-                    p.requires_grad_(True)
-                for i in range(0, x.shape[0], args.batch_size):
-                    b = x[i : i + args.batch_size]
-                    model(input_ids=b, labels=b, use_cache=False).loss.backward()
-                model.zero_grad(set_to_none=True)
+                reference(x)
             return None
         return estimate_hessian(
             model, tok, x, estimator=estimator, blocks=blocks, batch_size=args.batch_size, progress=False, **opts
         )
 
-    def reference(x):
+    def reference(x):  # one forward + backward of the plain loss over every batch
         for p in model.parameters():
             p.requires_grad_(True)
         for i in range(0, x.shape[0], args.batch_size):
@@ -154,7 +149,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict | None:
     ap = C.parser(__doc__, out="hessian", quick="tiny settings (the test suite's run, about a minute)")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n", type=int, default=None, help="windows (default 8; quick 2)")
@@ -164,16 +159,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--case", default="", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    for key, full, quick in (("n", 8, 2), ("seq_len", 128, 32), ("batch_size", 8, 2), ("repeats", 2, 1)):
-        if getattr(args, key) is None:
-            setattr(args, key, quick if args.quick else full)
-    if args.case:
-        C.print_result(run_case(args.case, args))
-        return {}
+    full = {"n": 8, "seq_len": 128, "batch_size": 8, "repeats": 2}
+    quick = {"n": 2, "seq_len": 32, "batch_size": 2, "repeats": 1}
+    return C.main("hessian", lambda a: C.parse_with_defaults(ap, a, full, quick), run, markdown, argv=argv, torch=False)
 
-    clock = C.Stopwatch()
-    machine = C.machine(torch_info=False)
+
+def run(job: C.Run) -> dict | None:
+    args = job.args
+    if args.case:  # a child process: one case, handed back to the parent
+        C.print_result(run_case(args.case, args))
+        return None
     names = [c for c in CASES if not args.only or c in args.only.split(",")]
     forwarded = [
         f"--{k.replace('_', '-')}={v}"
@@ -184,18 +179,15 @@ def main(argv: list[str] | None = None) -> dict:
     for name in names:
         print(f"running {name} ...", file=sys.stderr, flush=True)
         results[name] = C.run_in_process("hessian", "--case", name, *forwarded)
-    result = {
-        "benchmark": "hessian",
-        "command": C.command_line(),
-        "machine": machine,
-        "settings": vars(args),
-        "load_average_at_end": list(os.getloadavg()),
-        "wall_time_s": round(clock(), 1),
-        "results": results,
-    }
-    text = markdown(result)
-    print(text)
-    C.write_outputs(C.out_dir(args), "hessian", result, text)
+    result = job.header(
+        torch_info=False,
+        settings=vars(args),
+        load_average_at_end=list(os.getloadavg()),
+        wall_time_s=round(job.clock(), 1),
+        cpu_time_s=None,  # the cases ran in child processes: this process's CPU time says nothing
+        results=results,
+    )
+    print(markdown(result))
     return result
 
 
@@ -222,18 +214,12 @@ def markdown(result: dict) -> str:
             + [f"{r['peak_mb']:.0f}", passes]
         )
     threads = s.get("threads") or os.environ.get("OMP_NUM_THREADS", "default")
-    return "\n".join(
-        [
-            f"# Hessian estimators on {s['model']}, {s['n']}x{s['seq_len']} tokens, {s['device']}",
-            "",
-            f"Command: `{result['command']}`  ",
-            f"Machine: {C.machine_line(result['machine'])}; torch threads: {threads}; load average at the end: "
-            f"{result['load_average_at_end'][0]:.1f}  ",
-            C.timing_line(result),
-            "",
-            C.md_table(header, rows),
-        ]
+    title = f"Hessian estimators on {s['model']}, {s['n']}x{s['seq_len']} tokens, {s['device']}"
+    machine = (
+        f"{C.machine_line(result['machine'])}; torch threads: {threads}; load average at the end: "
+        f"{result['load_average_at_end'][0]:.1f}"
     )
+    return "\n".join([*C.report_head(title, result, machine), C.md_table(header, rows)])
 
 
 if __name__ == "__main__":

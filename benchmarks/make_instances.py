@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 
@@ -33,18 +34,19 @@ def main(argv: list[str] | None = None) -> list[Path]:
     p.add_argument("--specs", default="fisher,pairwise:windows=8", help="layer estimator specs")
     p.add_argument("--sublayer-specs", default="fisher", help="sublayer estimator specs")
     p.add_argument("--from-fidelity", default=None, help="also save the variants' QUBOs from a fidelity.py result")
-    args = p.parse_args(argv)
-    if args.seq_len is None:
-        args.seq_len = 128
-    C.setup_torch(args.threads)
-    out = C.out_dir(args)
-    model, tok, splits = C.load(args, n_calibration=args.calibration, n_validation=0, n_test=0)
+    p.set_defaults(seq_len=128)
+    return C.main("make_instances", p, run, argv=argv)
+
+
+def run(job: C.Run) -> list[Path]:
+    args, out = job.args, job.out
+    model, tok, splits = D.load(args, n_calibration=args.calibration, n_validation=0, n_test=0)
     name = Path(str(args.model)).name
-    specs = [C.EstimatorSpec.parse(t) for t in C.split_list(args.specs)]
-    specs += [C.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_specs)]
+    specs = [D.EstimatorSpec.parse(t) for t in C.split_list(args.specs)]
+    specs += [D.EstimatorSpec.parse(t, granularity="sublayer") for t in C.split_list(args.sublayer_specs)]
     written = []
     for spec in specs:
-        qubo, wall = C.estimate(spec, model, tok, splits.calibration, args, not args.no_progress)
+        qubo, wall = D.estimate(spec, model, tok, splits.calibration, args, not args.no_progress)
         variant = spec.name + "".join(f"-{k}={v}" for k, v in sorted(spec.options.items()))
         path = out / f"{name}_{spec.granularity}_{variant}-{spec.loss}.cboq"
         qubo.metadata["instance"] = {

@@ -15,18 +15,17 @@ Data as in ``benchmarks/width.py``: calibration 8 x 128 tokens (Emma; scores and
 Usage:
     python -m benchmarks.mop_recovery --threads 1                        # 20 % and 40 %, both proposers
     python -m benchmarks.mop_recovery --ratios 0.2 --proposers antepenultimate --recovery-steps 2 --final-steps 8
-    python -m benchmarks.mop_recovery --quick --out /tmp/mq              # a minute or two: 10 %, tiny splits
+    python -m benchmarks.mop_recovery --quick --out benchmarks/out/mq            # a minute or two: 10 %, tiny splits
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
-from pathlib import Path
 from typing import Any
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 NAME = "mop_recovery"
@@ -37,9 +36,8 @@ QUICK = dict(ratios=[0.1], recovery_steps=1, final_steps=1, seq_len=32, n_calibr
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = C.parser(__doc__, out=DEFAULT_OUT, quick="ratio 0.1, one recovery step, tiny splits", seed=0)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quick", action="store_true", help="ratio 0.1, one recovery step, tiny splits")
     p.add_argument("--ratios", type=float, nargs="+", default=None, help="fractions of all parameters removed")
     p.add_argument("--proposers", default=",".join(PROPOSERS), help=f"comma-separated subset of {PROPOSERS}")
     p.add_argument("--recovery-steps", type=int, default=None, help="steps per MoP candidate (default 2)")
@@ -51,14 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-calibration", type=int, default=None)
     p.add_argument("--n-control", type=int, default=None)
     p.add_argument("--n-test", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     C.add_report_arg(p, NAME)
-    args = p.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    args = C.parse_with_defaults(p, argv, FULL, QUICK)
     args.proposers = C.split_list(args.proposers)
     bad = sorted(set(args.proposers) - set(PROPOSERS))
     if bad:
@@ -66,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.recovery_steps < 0 or args.final_steps < 0:
         p.error("--recovery-steps and --final-steps must be >= 0")
     return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return C.main(NAME, parse_args, run, markdown, argv=argv)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -81,36 +77,24 @@ def mop_budget(result: Any, recovery_steps: int, final_steps: int) -> int:
 
 def markdown(result: dict) -> str:
     s = result["settings"]
-    lines = [
-        "# MoP with recovery vs one-shot width pruning at the same recovery budget",
-        "",
-        f"Command: `{result['command']}`",
-        "",
+    title = "MoP with recovery vs one-shot width pruning at the same recovery budget"
+    setup = (
         f"Recovery: {s['method']}, next-token loss, lr {s['lr']}, {s['batch_size']} x {s['seq_len']}-token windows"
         f" per step; MoP: {s['recovery_steps']} steps per candidate + {s['final_steps']} final. Test PPL of the"
-        f" original {C.fmt(result.get('original', {}).get('ppl'))}.",
-        "",
-    ]
+        f" original {C.fmt(result.get('original', {}).get('ppl'))}."
+    )
     header = ["ratio", "method", "recovery steps", "removed", "test PPL", "test KL", "agreement", "path", "seconds"]
     rows = [
         [r["ratio"], r["method"], r["recovery_steps"], r["removed"], r["ppl"], r["kl"], r["agreement"],
          r.get("path") or "–", r["seconds"]]
         for r in result["rows"]
     ]  # fmt: skip
-    lines += [C.md_table(header, rows), "", C.timing_line(result), ""]
-    return "\n".join(lines)
+    return "\n".join([*C.report_head(title, result), setup, "", C.md_table(header, rows), ""])
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    out = Path(args.out)
-    if args.report:
-        return C.report_only(out, NAME, markdown)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
-    from cbo.data.windows import make_splits
+def run(job: C.Run) -> dict:
+    args = job.args
     from cbo.evaluate import evaluate, reference_logits
-    from cbo.model.loading import load_model
     from cbo.pipeline.proposers import depth_proposer
     from cbo.recovery.finetune import recover
     from cbo.recovery.healing import check_heal_options
@@ -119,31 +103,27 @@ def main(argv: list[str] | None = None) -> dict:
 
     check_mop_options("kl", args.method)
     check_heal_options(max(args.recovery_steps, 1), args.method, lr=args.lr, batch_size=args.batch_size)
-    path = out / f"{NAME}.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    reuse = previous.get("settings") == settings(args)
     result: dict[str, Any] = {
+        **job.header(),
         "settings": settings(args),
-        "command": C.command_line(),
-        "machine": C.machine(),
-        "rows": previous.get("rows", []) if reuse else [],
-        "wall_time_s": None,
+        "rows": job.previous(settings(args)).get("rows", []),
+        "wall_time_s": None,  # until it finishes
     }
-    model, tok = load_model(args.model)
-    splits = make_splits(
-        tok,
-        seq_len=args.seq_len,
-        n_calibration=args.n_calibration,
-        n_validation=args.n_control,
-        n_test=args.n_test,
-        seed=args.seed,
-        model=model,
-    )
+    model, tok, splits = D.load(args, n_calibration=args.n_calibration, n_validation=args.n_control, n_test=args.n_test)
     calib, control, test = splits.calibration, splits.validation, splits.test
     ref = reference_logits(model, test, batch_size=4)
     original = evaluate(model, test, ref, batch_size=4)
     result["original"] = {"ppl": original["ppl"], "params": original["n_params"]}
     p0 = original["n_params"]
+
+    recovery_options = {
+        "recovery_steps": args.recovery_steps,
+        "final_recovery_steps": args.final_steps,
+        "recovery": args.method,
+        "recovery_lr": args.lr,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+    }
 
     def has_row(ratio: float, label: str) -> bool:
         return any((r["ratio"], r["method"]) == (ratio, label) for r in result["rows"])
@@ -153,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         entry = {"ratio": ratio, "method": method, "recovery_steps": steps, "removed": 1 - ev["n_params"] / p0,
                  "ppl": ev["ppl"], "kl": ev["kl"], "agreement": ev["agreement"], "seconds": seconds, **extra}  # fmt: skip
         result["rows"].append(entry)
-        C.write_json(path, result)
+        job.save(result)
         print(f"{ratio:.0%} {method}: {steps} recovery steps, test PPL {ev['ppl']:.2f}", flush=True)
 
     for ratio in args.ratios:
@@ -165,19 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
                 budget = budget or previous_row["recovery_steps"]
                 continue
             t0 = time.perf_counter()
+            proposer_fn = depth_proposer(proposer, seed=args.seed)
             mop = mixture_of_pruners(
-                model,
-                calib,
-                control,
-                ratio=ratio,
-                criterion="kl",
-                depth_proposer=depth_proposer(proposer, seed=args.seed),
-                recovery_steps=args.recovery_steps,
-                final_recovery_steps=args.final_steps,
-                recovery=args.method,
-                recovery_lr=args.lr,
-                batch_size=args.batch_size,
-                seed=args.seed,
+                model, calib, control, ratio=ratio, criterion="kl", depth_proposer=proposer_fn, **recovery_options
             )
             steps = mop_budget(mop, args.recovery_steps, args.final_steps)
             budget = budget or steps
@@ -199,12 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
                     healed = recover(copy.deepcopy(pruned), calib, steps=n, lr=args.lr, method=args.method,
                                      batch_size=args.batch_size, seed=args.seed)  # fmt: skip
                 row(ratio, label, healed, n, seconds + time.perf_counter() - t1)
-    result["wall_time_s"] = clock()
-    result["cpu_time_s"] = clock.cpu()
-    C.write_json(path, result)
-    text = markdown(result)
-    (out / f"{NAME}.md").write_text(text)
-    print(text)
+    print(markdown(result))
     return result
 
 

@@ -11,7 +11,7 @@ cumulative sums every ``--chunk`` sequences are kept (``chunks.npz``) so that di
 independent estimates at small n (the estimator's sampling spread).
 
     .venv/bin/python -m benchmarks.paper_sizes --sizes 32,256,2048          # hours on one busy core
-    .venv/bin/python -m benchmarks.paper_sizes --sizes 32 --out /tmp/paper   # one small estimate
+    .venv/bin/python -m benchmarks.paper_sizes --sizes 32 --out benchmarks/out/paper-32  # one small estimate
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "benchmarks" / "results" / "paper"
+from benchmarks import harness as C
+
+# a run's QUBOs, checkpoints and chunks (not committed); the committed QUBOs: benchmarks/instances/paper
+OUT = C.OUT / "paper"
 HELD_OUT = ("mansfield_park", "persuasion")  # the validation and test novels of the default text
 
 
@@ -243,18 +245,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--stability", help="chunk sizes for the ground-state stability report (no model passes)")
     p.add_argument("--remove", default="4,8,15", help="M values of the stability report")
-    args = p.parse_args(argv)
+    C.main("paper_sizes", p, run, argv=argv)
+
+
+def run(job: C.Run) -> None:
+    args = job.args
     if args.stability:
         sizes = [int(s) for s in args.stability.split(",") if s]
         report = stability(Path(args.out), sizes, [int(m) for m in args.remove.split(",") if m])
         (Path(args.out) / "stability.json").write_text(json.dumps(report, indent=1))
         return
-    import torch
-
     from cbo.model.loading import load_model
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     model, tok = load_model(args.model)
     pool, info = calibration_pool(tok, args.seq_len, args.pool or max(sizes), args.seed)

@@ -16,7 +16,7 @@ resumes where it stopped, mid-heal included; ``--report`` rewrites the Markdown 
 Usage:
     python -m benchmarks.recovery --threads 1                      # M = 8 and 15, top 5, the default budget
     python -m benchmarks.recovery --removes 8 --top 3 --steps 20   # smaller
-    python -m benchmarks.recovery --quick --out /tmp/rq            # about a CPU-minute: fisher, tiny splits
+    python -m benchmarks.recovery --quick --out benchmarks/out/rq          # about a CPU-minute: fisher, tiny splits
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 NAME = "recovery"
@@ -39,9 +40,10 @@ QUICK = dict(removes=[4], top=2, steps=2, batch_size=2, seq_len=32, n_train=8, n
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = C.parser(
+        __doc__, out=DEFAULT_OUT, quick="M=4, top 2, 2 steps, tiny splits, fisher estimator", seed=0, progress=True
+    )
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quick", action="store_true", help="M=4, top 2, 2 steps, tiny splits, fisher estimator")
     p.add_argument("--removes", type=int, nargs="+", default=None, help="values of M (default 8 15)")
     p.add_argument("--top", type=int, default=None, help="validated states healed per M (default 5)")
     p.add_argument("--steps", type=int, default=None, help="heal steps per state (default 40)")
@@ -61,23 +63,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="prune_depth's calibration and validation windows and tokens per window (default: its own, 32 32 128; --quick: the heal's splits)",
     )
     p.add_argument("--estimator", default=None, help="prune_depth's estimator (default: its own; --quick: fisher)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
     p.add_argument("--checkpoints", type=Path, default=None, help="heal checkpoints (default: under benchmarks/out)")
     p.add_argument("--hessian-cache", default=None, help="prune_depth's cache folder (default CBO_HOME/cache)")
-    p.add_argument("--no-progress", action="store_true")
     C.add_report_arg(p, NAME)
-    args = p.parse_args(argv)
-    base = QUICK if args.quick else FULL
-    for key, value in base.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    args = C.parse_with_defaults(p, argv, FULL, QUICK)
     if args.quick:  # the cheapest estimator
         args.estimator = args.estimator or "fisher"
     if args.top < 2:
         p.error("--top must be at least 2 (rank correlations need two states)")
     return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return C.main(NAME, parse_args, run, markdown, argv=argv)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -124,10 +122,7 @@ def correlations(rows: list[dict]) -> dict[str, Any]:
 def markdown(result: dict) -> str:
     s = result["settings"]
     lines = [
-        "# Recovery after depth pruning",
-        "",
-        f"Command: `{result['command']}`",
-        "",
+        *C.report_head("Recovery after depth pruning", result),
         f"Heal: {s['method']} (KD from the unpruned model's logits), {s['steps']} steps x {s['batch_size']} windows"
         f" x {s['seq_len']} tokens on {s['n_train']} calibration windows; PPL/KL on {s['n_validation']} validation"
         f" and {s['n_test']} test windows. Original test PPL {C.fmt(result.get('original', {}).get('test_ppl'))}.",
@@ -152,50 +147,30 @@ def markdown(result: dict) -> str:
                          c["spearman_pipeline_order_vs_after"], str(c["best_before_test"]), str(c["best_after_test"]),
                          "yes" if c["same_best_on_test"] else "no", str(c["pipeline_choice"]),
                          str(c["validation_choice_after_healing"])])  # fmt: skip
-    lines += [C.md_table(corr_header, corr), "", C.timing_line(result), ""]
+    lines += [C.md_table(corr_header, corr), ""]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    out = Path(args.out)
-    if args.report:
-        return C.report_only(out, NAME, markdown)
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
+def run(job: C.Run) -> dict:
+    args = job.args
     import torch
 
     import cbo
-    from cbo.data.windows import make_splits
     from cbo.evaluate import reference_logits
-    from cbo.model.loading import load_model
     from cbo.recovery.healing import check_heal_options, heal
     from cbo.surgery.depth import remove_blocks
 
     check_heal_options(args.steps, args.method, lr=args.lr, batch_size=args.batch_size)  # bad options: before work
-    path = out / f"{NAME}.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
-    reuse = previous.get("settings") == settings(args)
     result: dict[str, Any] = {
+        **job.header(),
         "settings": settings(args),
-        "command": C.command_line(),
-        "machine": C.machine(),
-        "per_m": previous.get("per_m", {}) if reuse else {},
-        "wall_time_s": None,
+        "per_m": job.previous(settings(args)).get("per_m", {}),
+        "wall_time_s": None,  # until it finishes
     }
     # one folder per settings, so a checkpoint is only ever resumed by the heal that wrote it
     tag = hashlib.sha256(json.dumps(settings(args), sort_keys=True).encode()).hexdigest()[:10]
     checkpoints = Path(args.checkpoints or DEFAULT_CHECKPOINTS) / tag
-    model, tok = load_model(args.model)
-    splits = make_splits(
-        tok,
-        seq_len=args.seq_len,
-        n_calibration=args.n_train,
-        n_validation=args.n_validation,
-        n_test=args.n_test,
-        seed=args.seed,
-        model=model,
-    )
+    model, tok, splits = D.load(args, n_calibration=args.n_train, n_validation=args.n_validation, n_test=args.n_test)
     refs = {s: reference_logits(model, getattr(splits, s)) for s in ("validation", "test")}
     result["original"] = measure(model, splits, refs)
     depth_options: dict[str, Any] = dict(seed=args.seed, progress=not args.no_progress)
@@ -253,16 +228,11 @@ def main(argv: list[str] | None = None) -> dict:
                 }
             )
             block["rows"].sort(key=lambda r: [x.rank for x in ordered].index(r["rank"]))
-            C.write_json(path, result)
+            job.save(result)
             print(f"M={m} rank {v.rank}: test PPL {before['test_ppl']:.2f} -> {after['test_ppl']:.2f}", flush=True)
         block["correlations"] = correlations(block["rows"])
-        C.write_json(path, result)
-    result["wall_time_s"] = clock()
-    result["cpu_time_s"] = clock.cpu()
-    C.write_json(path, result)
-    text = markdown(result)
-    (out / f"{NAME}.md").write_text(text)
-    print(text)
+        job.save(result)
+    print(markdown(result))
     return result
 
 

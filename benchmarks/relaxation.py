@@ -63,14 +63,7 @@ def run_relaxation(q: BlockQUBO, m: int, k: int, time_limit: float) -> dict[str,
     """One proof attempt by the enumerator's relaxation search (one thread)."""
     rec = run_solver(q, m, k, "enumerate", time_limit, strategy="relaxation", threads=1)
     info = rec.pop("info")
-    rec.update(
-        nodes=info["nodes"],
-        covered=info["covered"],
-        alpha=info["alpha"],
-        root_bound=info["root_bound"],
-        shor_bound=info["shor_bound"],
-        heuristic_seeds=info["heuristic_seeds"],
-    )
+    rec.update({k: info[k] for k in ("nodes", "covered", "alpha", "root_bound", "shor_bound", "heuristic_seeds")})
     return rec
 
 
@@ -96,8 +89,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--compare", default="", help="solvers to run beside it through cbo.solve, e.g. auto,cpsat")
     p.add_argument("--compare-limit", type=float, default=60.0, help="time limit of the compared solvers (not auto)")
     p.add_argument("--plot", action="store_true", help="plot the scaling grid's proof times")
-    args = p.parse_args(argv)
-    out = C.out_dir(args)
+    return C.main("relaxation", p, run, argv=argv, torch=False)
+
+
+def run(job: C.Run) -> list[dict[str, Any]]:
+    args, out = job.args, job.out
     log = C.RecordLog(out / "results.jsonl", ("instance", "M", "solver", "k"))
     grids = [g.strip() for g in args.grid.split(",") if g.strip()]
     solvers = ["relaxation"] + [s.strip() for s in args.compare.split(",") if s.strip()]

@@ -260,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference-limit", type=float, default=600.0, help="seconds for each exact reference")
     ap.add_argument("--solvers", default=None, help="comma-separated subset of solvers (and variant labels)")
     ap.add_argument("--fresh", action="store_true", help="forget the recorded runs and start again")
-    args = ap.parse_args(argv)
-    clock = C.Stopwatch()
+    return C.main("solvers", ap, run, argv=argv, torch=False)
+
+
+def run(job: C.Run) -> int:
+    args, out, clock = job.args, job.out, job.clock
     machine = C.machine(torch_info=False)
     time_limit = args.time_limit or (5.0 if args.quick else 30.0)
     groups = [g for g in args.instances.split(",") if g in GROUPS]
@@ -271,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.solvers:
         wanted = set(args.solvers.split(","))
         entries = [e for e in entries if e[0] in wanted or e[1] in wanted]
-    out = C.out_dir(args)
     records = C.RecordLog(out / "solvers.jsonl", ("instance", "M", "label", "limit"), fresh=args.fresh)
     warm_up()
     table = []

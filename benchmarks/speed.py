@@ -28,19 +28,14 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 VARIANTS = ("original", "depth", "width", "combined")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = C.parser(
-        __doc__,
-        out="speed",
-        out_help="output folder (pruned models go to OUT/models)",
-        quick="short prompts and runs (the test suite's run)",
-        model=True,
-    )
+    p = C.parser(__doc__, out="speed", out_help="results; pruned models in OUT/models", quick="short runs", model=True)
     p.add_argument("--remove", type=int, default=8, help="layers removed for depth (default 8)")
     p.add_argument("--width-ratio", type=float, default=0.25, help="fraction of parameters width pruning removes")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128; quick 16)")
@@ -49,13 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="timed runs per setting, median reported (default 5)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="which variants to measure")
     p.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # internal: measure one saved model
-    args = p.parse_args(argv)
     quick = {"prompt_len": 16, "new_tokens": 4, "batch_sizes": "1", "repeats": 1, "seq_len": 32}
     full = {"prompt_len": 128, "new_tokens": 64, "batch_sizes": "1,8", "repeats": 5, "seq_len": 128}
-    for key, value in (quick if args.quick else full).items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
-    return args
+    return C.parse_with_defaults(p, argv, full, quick)
 
 
 def _rss_mb() -> float:
@@ -84,7 +75,7 @@ def measure_one(args: argparse.Namespace) -> dict:
     from cbo.model.loading import load_model
 
     C.setup_torch(args.threads)
-    device = C.device_of(args)
+    device = D.device_of(args)
     before = _rss_mb()
     model, _ = load_model(args.measure, device=device)
     loaded = _rss_mb()
@@ -118,7 +109,7 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
     from cbo.width import width_prune
 
     wanted = C.split_list(args.variants)
-    model, tok, splits = C.load(args, n_calibration=4, n_validation=0, n_test=0)
+    model, tok, splits = D.load(args, n_calibration=4, n_validation=0, n_test=0)
     total = count_parameters(model)
     n_layers = int(model.config.num_hidden_layers)
     info: dict[str, dict] = {"original": {"path": resolve_model(args.model), "n_layers": n_layers}}
@@ -147,21 +138,20 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
     return {k: v for k, v in info.items() if k in wanted}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.measure:
+def main(argv: list[str] | None = None) -> dict | None:
+    return C.main("speed", parse_args, run, markdown, argv=argv)
+
+
+def run(job: C.Run) -> dict | None:
+    args, out = job.args, job.out
+    if args.measure:  # a child process: one variant, handed back to the parent
         C.print_result(measure_one(args))
-        return {}
-    clock = C.Stopwatch()
-    C.setup_torch(args.threads)
-    out = C.out_dir(args)
+        return None
     print("building the pruned variants", flush=True)
     variants = build_variants(args, out / "models")
     result: dict[str, Any] = {
-        "benchmark": "speed",
-        "command": C.command_line(),
-        "machine": C.machine(),
-        "device": C.device_of(args),
+        **job.header(),
+        "device": D.device_of(args),
         "settings": dict(vars(args)),
         "variants": {},
     }
@@ -181,12 +171,10 @@ def main(argv: list[str] | None = None) -> dict:
             cmd += ["--device", args.device]
         print(f"measuring {name}", flush=True)
         result["variants"][name] = {**info, **C.run_in_process("speed", *cmd)}
-        C.write_json(out / "speed.json", result)
+        job.save(result)
     n = variants.get("original", {}).get("n_layers")
     result["ideal_depth_speedup"] = n / (n - args.remove) if n else None
-    result["wall_time_s"] = round(clock(), 1)
-    _, md = C.write_outputs(out, "speed", result, markdown(result))
-    print(md.read_text())
+    print(markdown(result))
     return result
 
 

@@ -14,41 +14,35 @@ with ``cbo.load_pruned``'s; the folder sizes say what the zeros cost on disk.
 
 from __future__ import annotations
 
+import logging
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from benchmarks import depth_harness as D
 from benchmarks import harness as C
 
 DEFAULT_HALVES = "4.attn,8.attn,12.attn,16.attn,6.mlp,10.mlp,14.mlp,18.mlp"
 
 
-def load_report_printed():
-    """A context manager collecting transformers' LOAD REPORT warnings (missing or unexpected weights)."""
-    import logging
-    from contextlib import contextmanager
-
-    @contextmanager
-    def collect():
-        seen: list[str] = []
-
-        class Catch(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                if "LOAD REPORT" in record.getMessage():
-                    seen.append(record.getMessage())
-
-        logger, handler = logging.getLogger("transformers"), Catch(level=logging.WARNING)
-        level, propagate = logger.level, logger.propagate
-        logger.addHandler(handler)
-        logger.setLevel(logging.WARNING)
-        logger.propagate = False
-        try:
-            yield seen
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
-            logger.propagate = propagate
-
-    return collect()
+@contextmanager
+def load_report_printed() -> Iterator[list[str]]:
+    """Collect (and silence) transformers' LOAD REPORT warnings, missing or unexpected weights, inside it."""
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage()) if "LOAD REPORT" in record.getMessage() else None
+    logger = logging.getLogger("transformers")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def folder_bytes(path: Path) -> int:
@@ -59,19 +53,24 @@ def main(argv: list[str] | None = None) -> dict:
     p = C.parser(__doc__, model=True)
     p.add_argument("--halves", default=DEFAULT_HALVES, help="removed halves, LAYER.attn or LAYER.mlp, comma-separated")
     p.add_argument("--windows", type=int, default=4, help="test windows the logits are compared on")
-    p.add_argument("--out", default="benchmarks/results/sublayer_folder.json", help="JSON result file")
-    args = p.parse_args(argv)
-    args.seq_len = args.seq_len or 128
-    C.setup_torch(args.threads)
+    p.add_argument(
+        "--out",
+        default=str(C.REPO / "benchmarks" / "results"),
+        help="folder of sublayer_folder.json (default: results)",
+    )
+    p.set_defaults(seq_len=128)
+    return C.main("sublayer_folder", p, run, argv=argv)
 
+
+def run(job: C.Run) -> dict:
+    args = job.args
     import torch
     import transformers
 
     from cbo.surgery.depth import remove_sublayers
     from cbo.surgery.io import load_pruned, save_pruned, zeroed_half_weights
 
-    clock = C.Stopwatch()
-    model, tok, splits = C.load(args, n_calibration=0, n_validation=0, n_test=args.windows)
+    model, tok, splits = D.load(args, n_calibration=0, n_validation=0, n_test=args.windows)
     windows = splits.test
     halves = [(int(h.split(".")[0]), h.split(".")[1]) for h in args.halves.split(",")]
     pruned = remove_sublayers(model, halves)
@@ -109,17 +108,16 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{rows[route]['plain_top1_agreement']:.3f})"
             )
     result = {
-        "machine": C.machine(),
-        "command": C.command_line(),
+        **job.header(),
         "halves": args.halves,
         "windows": list(windows.shape),
         "zero_parameters_saved": {k: int(sum(t.numel() for t in z.values())) for k, z in zeros.items()},
         "routes": rows,
-        "wall_time_s": round(clock(), 1),
-        "cpu_time_s": round(clock.cpu(), 1),
+        "wall_time_s": round(job.clock(), 1),
+        "cpu_time_s": round(job.clock.cpu(), 1),
     }
     print(f"zeros saved (all weights / output projections): {result['zero_parameters_saved']} parameters")
-    C.write_json(Path(args.out), result)
+    job.save(result)
     return result
 
 

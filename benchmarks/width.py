@@ -86,28 +86,15 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+QUICK = dict(ratios=[0.1], seq_len=64, n_calibration=2, n_control=2, n_test=2, speed_rounds=0)
+FULL = dict(ratios=[0.2, 0.4], seq_len=128, n_calibration=8, n_control=4, n_test=16, speed_rounds=3)
+SPEED = {"quick": dict(prompt_len=16, new_tokens=4, repeats=1), "full": dict(prompt_len=128, new_tokens=16, repeats=2)}
+
+
 def settings(args) -> dict:
-    if args.quick:
-        base = dict(
-            ratios=[0.1],
-            seq_len=64,
-            n_calibration=2,
-            n_control=2,
-            n_test=2,
-            speed=dict(prompt_len=16, new_tokens=4, repeats=1),
-            speed_rounds=0,
-        )
-    else:
-        base = dict(
-            ratios=[0.2, 0.4],
-            seq_len=128,
-            n_calibration=8,
-            n_control=4,
-            n_test=16,
-            speed=dict(prompt_len=128, new_tokens=16, repeats=2),
-            speed_rounds=3,
-        )
-    for key in ("ratios", "seq_len", "n_calibration", "n_control", "n_test", "speed_rounds"):
+    """The run's settings: the options given, the rest from the full or --quick ones."""
+    base = dict(QUICK if args.quick else FULL, speed=SPEED["quick" if args.quick else "full"])
+    for key in FULL:
         value = getattr(args, key)
         if value is not None:
             base[key] = value
@@ -157,11 +144,13 @@ def header(speed: bool) -> str:
 
 
 def main(argv=None) -> list[dict]:
-    args = parse_args(argv)
+    return C.main("width", parse_args, run, argv=argv)
+
+
+def run(job: C.Run) -> list[dict]:
+    args = job.args
     cfg = settings(args)
     speed = None if args.no_speed else cfg["speed"]
-    if args.threads:
-        torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     model, tok = load_model(args.model)
     splits = make_splits(

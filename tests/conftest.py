@@ -46,6 +46,31 @@ def char_tokenizer() -> CharTokenizer:
     return CharTokenizer()
 
 
+@pytest.fixture(scope="module")
+def gemma():
+    """(model, tokenizer) of Gemma 3 270M, once a test module; skips where it is not installed."""
+    from cbo.errors import ModelError
+    from cbo.model.loading import load_model
+
+    try:
+        return load_model("gemma3-270m", quiet=True)
+    except ModelError as exc:
+        pytest.skip(f"gemma3-270m not installed ({exc}); `cbo setup gemma3-270m` installs it")
+
+
+@pytest.fixture
+def quiet_kernel_fallbacks():
+    """transformers at ERROR only: it says once per kernel that the reference PyTorch implementation of the Mamba2
+    scan is used (the hybrid tests)."""
+    import logging
+
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture
 def cbo_home(tmp_path, monkeypatch):
     """A fresh, empty CBO_HOME for the test."""

@@ -43,3 +43,17 @@ def planted_quadratic(n: int, seed: int = 0, coupling: float = 0.3):
         return float(a[s].sum() + 0.5 * B[np.ix_(s, s)].sum())
 
     return a, B, fn
+
+
+class Stop(Exception):
+    """Raised by ``interrupt_at``: the stand-in for a Ctrl-C in the resume tests."""
+
+
+def interrupt_at(key: str, value: int):
+    """A progress callback that raises ``Stop`` once ``info[key] == value`` (a run interrupted mid-way)."""
+
+    def interrupt(info: dict) -> None:
+        if info[key] == value:
+            raise Stop
+
+    return interrupt

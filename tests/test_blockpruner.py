@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from synthetic_losses import SyntheticExecutor, planted_quadratic
+from synthetic_losses import Stop, SyntheticExecutor, interrupt_at, planted_quadratic
 
 from cbo.baselines.blockpruner import blockpruner, blockpruner_blocks
 from cbo.errors import InvalidOptionError
@@ -40,16 +40,11 @@ def test_resume_equals_uninterrupted(tmp_path):
     _, _, fn = planted_quadratic(10, seed=8)
     whole = blockpruner(Measurements(SyntheticExecutor(fn)), [1] * 10, steps=6)
 
-    class Stop(Exception):
-        pass
-
-    def interrupt(info):
-        if info["step"] == 3:
-            raise Stop
-
     ckpt = tmp_path / "bp.json"
     with pytest.raises(Stop):
-        blockpruner(Measurements(SyntheticExecutor(fn)), [1] * 10, steps=6, checkpoint=ckpt, progress=interrupt)
+        blockpruner(
+            Measurements(SyntheticExecutor(fn)), [1] * 10, steps=6, checkpoint=ckpt, progress=interrupt_at("step", 3)
+        )
     ex = SyntheticExecutor(fn)
     again = blockpruner(Measurements(ex), [1] * 10, steps=6, checkpoint=ckpt)
     assert again.order == whole.order and again.history == whole.history

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from synthetic_losses import SyntheticExecutor, planted_quadratic
+from synthetic_losses import Stop, SyntheticExecutor, interrupt_at, planted_quadratic
 
 from cbo.baselines.evopress import default_generations, evopress, evopress_blocks
 from cbo.errors import InvalidOptionError
@@ -71,16 +71,9 @@ def test_resume_equals_uninterrupted(tmp_path):
     opts = dict(generations=12, offspring=6, initial=10, stages=((2, 1), (1, 3)), seed=7)
     whole = evopress(Measurements(SyntheticExecutor(fn)), ["layer"] * 14, 6, **opts)
 
-    class Stop(Exception):
-        pass
-
-    def interrupt(info):
-        if info["generation"] == 5:
-            raise Stop
-
-    ckpt = tmp_path / "evo.json"
+    ckpt, stop = tmp_path / "evo.json", interrupt_at("generation", 5)
     with pytest.raises(Stop):
-        evopress(Measurements(SyntheticExecutor(fn)), ["layer"] * 14, 6, checkpoint=ckpt, progress=interrupt, **opts)
+        evopress(Measurements(SyntheticExecutor(fn)), ["layer"] * 14, 6, checkpoint=ckpt, progress=stop, **opts)
     resumed_ex = SyntheticExecutor(fn)
     resumed = evopress(Measurements(resumed_ex), ["layer"] * 14, 6, checkpoint=ckpt, **opts)
     assert resumed.removed == whole.removed

@@ -12,17 +12,6 @@ import torch
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def gemma():
-    from cbo.errors import ModelError
-    from cbo.model.loading import load_model
-
-    try:
-        return load_model("gemma3-270m", quiet=True)
-    except ModelError as exc:
-        pytest.skip(f"Gemma 3 270M not installed ({exc})")
-
-
 def test_gemma_prunes_end_to_end(gemma, tmp_path):
     import transformers as tf
 

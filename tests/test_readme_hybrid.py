@@ -5,7 +5,6 @@ row, whose kinds include those the family's blocks carry."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import shlex
 from pathlib import Path
@@ -33,13 +32,7 @@ def _table_rows() -> dict[str, list[str]]:
     return rows
 
 
-@pytest.fixture(autouse=True)
-def quiet_kernel_fallbacks():
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_kernel_fallbacks")  # see tests/conftest.py
 
 
 def test_every_hybrid_family_has_its_row():

@@ -5,18 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from cbo.errors import ModelError
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    from cbo.model.loading import load_model
-
-    try:
-        return load_model("gemma3-270m", quiet=True)
-    except ModelError as exc:
-        pytest.skip(f"gemma3-270m not installed ({exc}); `cbo setup gemma3-270m` installs it")
-
 
 @pytest.mark.model
 @pytest.mark.slow

@@ -65,23 +65,30 @@ def _config(arch: str, n_layers: int, **overrides):
         cfg = tf.Olmo2Config(**common, **llama_like, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     else:
         raise ValueError(f"unknown tiny architecture {arch!r}; use one of {TINY_ARCHS + EXTRA_ARCHS}")
+    return _overridden(cfg, overrides)
+
+
+def _overridden(cfg, overrides: dict):
+    """``cfg`` with the given attributes set (the tests' way to vary one field of a tiny config)."""
     for key, value in overrides.items():
         setattr(cfg, key, value)
     return cfg
 
 
-def build_tiny_model(arch: str = "llama", n_layers: int = 4, seed: int = 0, **overrides):
-    """A tiny random causal LM of the given architecture (eval mode, float32, seeded)."""
+def _seeded_model(cfg, seed: int, model_class=None):
+    """A random model of ``cfg`` (``model_class``, or the auto class of the config), seeded, in eval mode."""
     import torch
     import transformers as tf
 
-    cfg = _config(arch, n_layers, **overrides)
     torch.manual_seed(seed)
-    if arch == "gemma3":
-        model = tf.Gemma3ForCausalLM(cfg)
-    else:
-        model = tf.AutoModelForCausalLM.from_config(cfg)
-    return model.eval()
+    return (model_class(cfg) if model_class else tf.AutoModelForCausalLM.from_config(cfg)).eval()
+
+
+def build_tiny_model(arch: str = "llama", n_layers: int = 4, seed: int = 0, **overrides):
+    """A tiny random causal LM of the given architecture (eval mode, float32, seeded)."""
+    import transformers as tf
+
+    return _seeded_model(_config(arch, n_layers, **overrides), seed, tf.Gemma3ForCausalLM if arch == "gemma3" else None)
 
 
 def save_word_model(path, n_layers: int):
@@ -203,19 +210,12 @@ def hybrid_config(arch: str = "bamba", n_layers: int = 4, **overrides):
         )  # fmt: skip
     else:
         raise ValueError(f"unknown tiny hybrid architecture {arch!r}; use one of {HYBRID_ARCHS}")
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
-    return cfg
+    return _overridden(cfg, overrides)
 
 
 def build_tiny_hybrid(arch: str = "bamba", n_layers: int = 4, seed: int = 0, **overrides):
     """A tiny random hybrid causal LM of :func:`hybrid_config` (eval mode, float32, seeded)."""
-    import torch
-    import transformers as tf
-
-    cfg = hybrid_config(arch, n_layers, **overrides)
-    torch.manual_seed(seed)
-    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+    return _seeded_model(hybrid_config(arch, n_layers, **overrides), seed)
 
 
 def transformers_warnings():

@@ -12,7 +12,7 @@ from bench_scripts import bench_module, run_script
 
 
 def test_estimator_specs_parse_run_keys_and_options():
-    C = bench_module("harness")
+    C = bench_module("depth_harness")
     spec = C.EstimatorSpec.parse("pairwise:windows=8:couplings=raw:coupling_scale=0.5:loss=ce")
     assert (spec.name, spec.windows, spec.loss) == ("pairwise", 8, "ce")
     assert spec.options == {"couplings": "raw", "coupling_scale": 0.5}
@@ -51,7 +51,7 @@ def test_cached_solve_keeps_the_first_runs_states(tmp_path):
     from cbo.qubo.block_qubo import BlockQUBO
     from cbo.solvers import solve
 
-    C = bench_module("harness")
+    C = bench_module("depth_harness")
     rng = np.random.default_rng(3)
     A = rng.normal(size=(8, 8))
     q = BlockQUBO(A @ A.T, rng.normal(size=8))

@@ -3,7 +3,6 @@ unreachable sources, unwritable cache, and `cbo setup`."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import struct
@@ -248,24 +247,23 @@ def test_cli_setup_named_models_and_list(monkeypatch, cbo_home):
     assert result.exit_code == 1 and "unknown installable model 'no-such-model'" in result.output
 
 
-def test_setup_script_exit_code(monkeypatch, capsys):
+def test_make_setup_installs_the_model_the_text_and_the_tasks(monkeypatch, cbo_home):
+    """`make setup` runs `cbo setup` with no arguments: the default model, the default text, the local tasks."""
+    from typer.testing import CliRunner
+
+    from cbo.cli import app, register_commands
     from cbo.downstream import local_tasks
 
-    spec = importlib.util.spec_from_file_location("setup_default", ROOT / "scripts" / "setup_default.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    register_commands()
     monkeypatch.setattr(assets, "ensure_default_model", lambda progress=True: Path("/m"))
     monkeypatch.setattr(assets, "ensure_default_text", lambda progress=True: Path("/t"))
-    monkeypatch.setattr(local_tasks, "ensure_local_tasks", lambda text=None: Path(f"{text}/tasks"))
-    assert module.main() == 0
-    out = capsys.readouterr().out
-    assert "/t" in out and "local tasks:   /t/tasks" in out
-
-    def fail(progress=True):
-        raise SourceUnavailableError("PyPI down")
-
-    monkeypatch.setattr(assets, "ensure_default_model", fail)
-    assert module.main() == 1 and "PyPI down" in capsys.readouterr().err
+    monkeypatch.setattr(local_tasks, "ensure_local_tasks", lambda text=None: Path("/t/tasks"))
+    result = CliRunner().invoke(app, ["setup"])
+    assert result.exit_code == 0, result.output
+    assert "default model: /m" in result.output and "default text:  /t" in result.output
+    assert "local tasks:   /t/tasks" in result.output
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert "setup: $(STAMP)\n\t$(VENV)/bin/cbo setup\n" in makefile
 
 
 # --------------------------------------------------------------------------------------- real files

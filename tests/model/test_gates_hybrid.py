@@ -5,8 +5,6 @@ removed and at 1 the original; the gate gradient of a Mamba block equals finite 
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from tiny_models import HYBRID_ARCHS, build_tiny_hybrid, random_token_windows
@@ -18,13 +16,7 @@ from cbo.pipeline.depth import prune_blocks
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def quiet_kernel_fallbacks():
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_kernel_fallbacks")  # see tests/conftest.py
 
 
 def logits(model, windows):

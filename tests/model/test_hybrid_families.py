@@ -5,8 +5,6 @@ family's cache)."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from tiny_models import (
@@ -47,14 +45,7 @@ KINDS = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def quiet_kernel_fallbacks():
-    # transformers says once per kernel that the reference PyTorch implementation of the Mamba2 scan is used
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_kernel_fallbacks")  # see tests/conftest.py
 
 
 def logits(model, windows):

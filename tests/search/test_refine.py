@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from synthetic_losses import SyntheticExecutor, planted_quadratic
+from synthetic_losses import Stop, SyntheticExecutor, interrupt_at, planted_quadratic
 
 from cbo.errors import InvalidOptionError
 from cbo.measure.executors import Measurements
@@ -86,17 +86,10 @@ def test_resume_equals_uninterrupted(tmp_path):
     _, _, fn = planted_quadratic(n, seed=5, coupling=0.4)
     whole = _loop(fn, n, remove, SyntheticExecutor(fn, n_windows=6), budget=300, patience=100, seed=3)
 
-    class Stop(Exception):
-        pass
-
-    def interrupt(info):
-        if info["round"] == 3:
-            raise Stop
-
     ckpt = tmp_path / "refine.json"
     with pytest.raises(Stop):
         _loop(fn, n, remove, SyntheticExecutor(fn, n_windows=6), budget=300, patience=100, seed=3, checkpoint=ckpt,
-              progress=interrupt)  # fmt: skip
+              progress=interrupt_at("round", 3))  # fmt: skip
     ex = SyntheticExecutor(fn, n_windows=6)
     resumed = _loop(fn, n, remove, ex, budget=300, patience=100, seed=3, checkpoint=ckpt)
     assert resumed.chosen == whole.chosen
