@@ -21,6 +21,12 @@ def main() -> int:
     except CBOError as exc:
         print(f"setup failed: {exc}", file=sys.stderr)
         return 1
+    from cbo.data.domains import ensure_domain_text
+
+    try:  # the test domain (not Austen) is read by benchmarks only: the setup goes on without it
+        print(f"test domain:   {ensure_domain_text('pydocs', progress=True)}")
+    except CBOError as exc:
+        print(f"test domain pydocs not installed: {exc}", file=sys.stderr)
     print(f"default model: {model_dir}")
     print(f"default text:  {text_dir}")
     print(f"local tasks:   {tasks_dir}")
