@@ -162,6 +162,16 @@ def prune(
         help="Refine the QUBO with measurements before validating: BUDGET in forward-pass equivalents (one FPE ="
         " one full forward pass over one calibration window), e.g. --refine 400. Off by default.",
     ),
+    select: Optional[int] = typer.Option(
+        None,
+        "--select",
+        help="Race the validated states on up to N fresh windows of the validation text (rounds of 32, 64, 128, ..."
+        " windows; a finalist is dropped once it is clearly worse, paired by window) and choose the winner, e.g."
+        " --select 480. Off by default.",
+    ),
+    select_criterion: str = typer.Option(
+        "ce", "--select-criterion", help="What --select compares: ce (perplexity) or kl (KL to the original)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
@@ -196,6 +206,8 @@ def prune(
                 )
             if refine is not None:
                 fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop --refine."))
+            if select is not None:
+                fail(CBOError("--select races depth candidates; it does not apply to --width. Drop --select."))
             if ratio is None:
                 fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
             _prune_width(
@@ -242,6 +254,8 @@ def prune(
                 estimator_options=opts,
                 progress=not quiet,
                 refine=refine,
+                select=select,
+                select_options={"criterion": select_criterion},
             )
             report.model_name = model
             task_results = None
@@ -270,6 +284,10 @@ def prune(
             typer.echo(json.dumps(data, indent=1))
         else:
             report.print(console)
+            if report.selection is not None:
+                from cbo.pipeline.final_selection import selection_table
+
+                console.print(selection_table(report.selection))
             if task_results is not None:
                 console.print(tasks_table(task_results))
             t = report.timings

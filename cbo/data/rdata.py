@@ -16,7 +16,7 @@ import subprocess
 import tarfile
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cbo.errors import DataError
@@ -165,4 +165,46 @@ def extract_rdb_from_deb(deb_path: Path) -> bytes:
     raise DataError(f"{deb_path.name} does not contain {RDB_PATH}")
 
 
-__all__ = ["RDB_PATH", "CorruptRdbError", "extract_rdb_from_deb", "parse_austen_rdb", "read_rdb_records"]
+def deb_data_files(deb_path: Path, wanted: Callable[[str], bool]) -> dict[str, bytes]:
+    """``{path: bytes}`` of the files of a .deb's data archive whose path (without a leading ``./``) ``wanted``
+    accepts (pure Python for gzip, xz and bzip2; zstd through ``zstandard`` or ``dpkg-deb``)."""
+    members = _deb_members(deb_path.read_bytes())
+    data_name = next((n for n in members if n.startswith("data.tar")), None)
+    if data_name is None:
+        raise DataError(f"{deb_path.name} has no data.tar member")
+    blob = members[data_name]
+    if data_name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            dpkg = shutil.which("dpkg-deb")
+            if dpkg is None:
+                raise DataError("the .deb is zstd-compressed: install dpkg-deb or `pip install zstandard`") from None
+            with tempfile.TemporaryDirectory() as tmp:
+                subprocess.run([dpkg, "-x", str(deb_path), tmp], check=True, capture_output=True)
+                root = Path(tmp)
+                return {
+                    str(p.relative_to(root)): p.read_bytes()
+                    for p in sorted(root.rglob("*"))
+                    if p.is_file() and wanted(str(p.relative_to(root)))
+                }
+        blob = zstandard.ZstdDecompressor().decompressobj().decompress(blob)
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+        for member in tar.getmembers():
+            name = member.name.removeprefix("./")
+            if member.isfile() and wanted(name):
+                f = tar.extractfile(member)
+                if f is not None:
+                    out[name] = f.read()
+    return out
+
+
+__all__ = [
+    "RDB_PATH",
+    "CorruptRdbError",
+    "deb_data_files",
+    "extract_rdb_from_deb",
+    "parse_austen_rdb",
+    "read_rdb_records",
+]

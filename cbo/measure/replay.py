@@ -426,5 +426,8 @@ class RemovalLosses:
                     visit(node, child)
                 del child
 
-        visit((), dict(enumerate(self.states)))
+        try:
+            visit((), dict(enumerate(self.states)))
+        finally:
+            visit = None  # noqa: F841 - the closure refers to itself: break the cycle, or it keeps this batch alive
         return results

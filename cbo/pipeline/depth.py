@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import numpy as np
 
 from cbo.checks import check_int, is_number
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
+from cbo.pipeline.final_selection import check_select, select_final, selection_work
 from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo.block_qubo import BlockQUBO
@@ -113,6 +115,8 @@ def prune_depth(
     device: Any = "cpu",
     progress: bool = True,
     refine: float | None = None,
+    select: int | None = None,
+    select_options: Any = None,
 ) -> DepthReport:
     """Remove ``remove`` blocks of a causal LM chosen by constrained binary optimization, validated on held-out text.
 
@@ -150,6 +154,11 @@ def prune_depth(
             them until the budget is spent; the measured sets with the lowest calibration loss are then the
             candidates validated (``validate``). None (default): no refinement. The estimate and the validation
             are paid as without it; ``report.work["refine"]`` holds the rounds' cost.
+        select, select_options: race the validated states on up to ``select`` fresh windows of the validation
+            documents before choosing (``cbo.pipeline.final_selection``; options: a
+            ``cbo.search.selection.SelectionOptions`` or a dict of its fields). None (default): the lowest
+            validation KL is chosen. ``report.selection`` holds every finalist's interval, ``report.work["selection"]``
+            the cost.
 
     Returns:
         A :class:`DepthReport`.
@@ -174,6 +183,7 @@ def prune_depth(
     for label, v, least in (("top_k", top_k, 1), ("validate", validate, 0)):
         check_int(label, v, least)
     refine = check_refine(refine, method, n_calibration if splits is None else len(splits.calibration))
+    select, select_options = check_select(select, select_options, method, validate)
     dtype, device = check_run_options(
         seq_len=seq_len, n_calibration=n_calibration, n_validation=n_validation, batch_size=batch_size, seed=seed,
         dtype=dtype, device=device, splits=splits,
@@ -253,8 +263,19 @@ def prune_depth(
         validated, original_metrics, measured = validation.states, validation.original, validation.metrics
         work["validation"] = validation.work.to_json()
     timings["validate"] = time.perf_counter() - t
+    selection = None
+    if select is not None and validated:
+        t = time.perf_counter()
+        selection = select_final(
+            model, tokenizer, text, splits, blocks, validated, select, select_options, seed=seed,
+            batch_size=batch_size, cache_dir=measure_cache, progress=progress,
+        )  # fmt: skip
+        work["selection"], timings["selection"] = selection_work(selection), time.perf_counter() - t
+        states.info["selection"] = selection.to_json()
     if validated:
         best = min(validated, key=lambda v: (v.kl if math.isfinite(v.kl) else math.inf, v.rank or 0))
+        if selection is not None:  # the race's choice
+            best = next(v for v in validated if tuple(sorted(v.removed)) == selection.chosen)
         chosen_rank, chosen_blocks = best.rank, best.removed
     else:
         chosen_rank, chosen_blocks = candidates[0][0], candidates[0][1]
@@ -303,7 +324,10 @@ def prune_depth(
             "solver_options": solver_options or {},
             "requested_solver": solver,
             "refine": refine,
+            "select": select,
+            "select_options": dataclasses.asdict(select_options) if select is not None else None,
         },
+        selection=selection.to_json() if selection is not None else None,
     )
 
 

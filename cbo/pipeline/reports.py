@@ -197,7 +197,9 @@ class DepthReport(Report):
             validation split.
         timings: seconds per step.
         work: forward-pass equivalents spent: the estimate (relative to one forward over the calibration
-            windows) and the validation (:class:`cbo.measure.measurer.Work`, relative to the validation windows).
+            windows) and the validation (:class:`cbo.measure.measurer.Work`, relative to the validation windows);
+            ``work["selection"]``: the final selection's race (one FPE per window), when it ran.
+        selection: the race's record (``cbo.search.selection.Selection.to_json``): every finalist's interval.
     """
 
     format: ClassVar[str] = "cbo.depthreport"
@@ -224,6 +226,7 @@ class DepthReport(Report):
     work: dict[str, Any] = field(default_factory=dict)
     data_info: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    selection: dict[str, Any] | None = None  # the final selection's race (cbo.search.selection), when it ran
 
     @property
     def chosen(self) -> ValidatedState | None:
@@ -267,6 +270,7 @@ class DepthReport(Report):
                 "work": self.work,
                 "data": self.data_info,
                 "options": self.options,
+                "selection": self.selection,
             }
         )
 
@@ -303,6 +307,7 @@ class DepthReport(Report):
             work=dict(data.get("work") or {}),
             data_info=dict(data.get("data") or {}),
             options=dict(data.get("options") or {}),
+            selection=data.get("selection"),
         )
 
     def inconsistency(self) -> str | None:
