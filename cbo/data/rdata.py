@@ -140,29 +140,10 @@ def _deb_members(deb: bytes) -> dict[str, bytes]:
 
 def extract_rdb_from_deb(deb_path: Path) -> bytes:
     """The bytes of ``Rdata.rdb`` inside the janeaustenr .deb (pure Python: ar + tar)."""
-    members = _deb_members(deb_path.read_bytes())
-    data_name = next((n for n in members if n.startswith("data.tar")), None)
-    if data_name is None:
-        raise DataError(f"{deb_path.name} has no data.tar member")
-    blob = members[data_name]
-    if data_name.endswith(".zst"):
-        try:
-            import zstandard
-        except ImportError:
-            dpkg = shutil.which("dpkg-deb")
-            if dpkg is None:
-                raise DataError("the .deb is zstd-compressed: install dpkg-deb or `pip install zstandard`") from None
-            with tempfile.TemporaryDirectory() as tmp:
-                subprocess.run([dpkg, "-x", str(deb_path), tmp], check=True, capture_output=True)
-                return (Path(tmp) / RDB_PATH).read_bytes()
-        blob = zstandard.ZstdDecompressor().decompressobj().decompress(blob)
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
-        for member in tar.getmembers():
-            if member.name.lstrip("./") == RDB_PATH:
-                f = tar.extractfile(member)
-                if f is not None:
-                    return f.read()
-    raise DataError(f"{deb_path.name} does not contain {RDB_PATH}")
+    found = deb_data_files(deb_path, lambda name: name == RDB_PATH)
+    if RDB_PATH not in found:
+        raise DataError(f"{deb_path.name} does not contain {RDB_PATH}")
+    return found[RDB_PATH]
 
 
 def deb_data_files(deb_path: Path, wanted: Callable[[str], bool]) -> dict[str, bytes]:
