@@ -68,7 +68,7 @@ def markdown(result: dict) -> str:
             [
                 "none" if r["select"] is None else r["select"],
                 sel.get("windows", 0),
-                C.fmt(sel.get("forward_equivalents", 0.0)),
+                C.fmt(sel.get("fpe", 0.0)),
                 sel.get("stopped", "–"),
                 f"{r['peak_rss_bytes'] / 2**30:.2f}",
                 f"{r['wall_time_s']:.0f}",

@@ -92,7 +92,7 @@ def select_final(
 def selection_work(selection: Selection) -> dict[str, Any]:
     """What the race cost, for ``report.work["selection"]``."""
     return {
-        "forward_equivalents": round(selection.forward_equivalents, 4),
+        "fpe": round(selection.fpe, 4),
         "budget_windows": selection.budget,
         "windows": selection.windows,
         "tokens": selection.tokens,
@@ -108,7 +108,7 @@ def selection_table(selection: dict[str, Any]) -> Any:
     ce = selection["criterion"] == "ce"
     title = (
         f"final selection by {'perplexity' if ce else 'KL to the original'} on {selection['windows']} fresh windows "
-        f"({selection['forward_equivalents']:.0f} FPE): {selection['stopped']}"
+        f"({selection['fpe']:.0f} FPE): {selection['stopped']}"
     )
     table = Table(title=title)
     for col, just in (

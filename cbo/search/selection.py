@@ -92,12 +92,12 @@ class WindowSource(Protocol):
     Attributes:
         n_windows: how many fresh windows there are.
         seq_len: tokens per window.
-        forward_equivalents: FPE spent so far (one FPE: one full forward pass over one window).
+        fpe: FPE spent so far (one FPE: one full forward pass over one window).
     """
 
     n_windows: int
     seq_len: int
-    forward_equivalents: float
+    fpe: float
 
     def measure(self, sets: list[tuple[int, ...]], start: int, stop: int) -> np.ndarray:
         """(len(sets), stop − start) per-window loss of each set on windows ``start..stop − 1``."""
@@ -159,7 +159,7 @@ class Selection:
         tie: the finalists still in the race at the end besides the chosen one (empty when decided).
         criterion, confidence: the options; ``level``: the confidence of each single interval (Bonferroni).
         rounds: one record per round: windows, finalists measured, leader, dropped.
-        windows, tokens: fresh windows (and their tokens) measured; ``forward_equivalents``: what it cost.
+        windows, tokens: fresh windows (and their tokens) measured; ``fpe``: what it cost.
     """
 
     chosen: tuple[int, ...]
@@ -172,7 +172,7 @@ class Selection:
     rounds: list[dict[str, Any]] = field(default_factory=list)
     windows: int = 0
     tokens: int = 0
-    forward_equivalents: float = 0.0
+    fpe: float = 0.0
     budget: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -185,7 +185,7 @@ class Selection:
             "budget_windows": self.budget,
             "windows": self.windows,
             "tokens": self.tokens,
-            "forward_equivalents": round(self.forward_equivalents, 4),
+            "fpe": round(self.fpe, 4),
             "tie": [list(s) for s in self.tie],
             "finalists": [f.to_json() for f in self.finalists],
             "rounds": self.rounds,
@@ -259,7 +259,7 @@ def race(
             rank_of[key] = None if ranks is None else ranks[k]
     if not sets:
         raise InvalidOptionError("the final selection needs at least one finalist.")
-    fpe0 = float(source.forward_equivalents)
+    fpe0 = float(source.fpe)
     schedule = options.schedule(budget, source.n_windows) if len(sets) > 1 else []
     comparisons = max(1, (len(sets) - 1) * max(len(schedule), 1))
     alpha = (1.0 - options.confidence) / comparisons
@@ -318,7 +318,7 @@ def race(
         rounds=rounds,
         windows=start,
         tokens=start * int(source.seq_len),
-        forward_equivalents=float(source.forward_equivalents) - fpe0,
+        fpe=float(source.fpe) - fpe0,
         budget=budget,
     )
 
@@ -359,8 +359,8 @@ class PoolSource:
         self.work = Work()
 
     @property
-    def forward_equivalents(self) -> float:
-        return self.work.forward_equivalents
+    def fpe(self) -> float:
+        return self.work.fpe
 
     def measure(self, sets: list[tuple[int, ...]], start: int, stop: int) -> np.ndarray:
         from cbo.measure.measurer import Measurer

@@ -219,7 +219,7 @@ def test_empty_split_and_bad_arguments(char_tokenizer):
         make_splits(char_tokenizer, docs, split_by="random")
     with pytest.raises(DataError, match="seq_len"):
         make_splits(char_tokenizer, docs, seq_len=1)
-    with pytest.raises(DataError, match="window counts"):
+    with pytest.raises(DataError, match="n_calibration, n_validation and n_test"):
         make_splits(char_tokenizer, docs, n_calibration=0, n_validation=0, n_test=0)
     with pytest.raises(KeyError):
         splits["train"]

@@ -25,12 +25,12 @@ class SyntheticSource:
         self.difficulty = rng.normal(3.0, 0.5, n_windows)
         self.noise = {s: rng.normal(0.0, noise, n_windows) for s in self.effects}
         self.n_windows, self.seq_len = n_windows, 128
-        self.forward_equivalents = 0.0
+        self.fpe = 0.0
         self.calls: list[tuple[list, int, int]] = []
 
     def measure(self, sets, start, stop):
         self.calls.append((list(sets), start, stop))
-        self.forward_equivalents += (stop - start) * (1 + len(sets))
+        self.fpe += (stop - start) * (1 + len(sets))
         return np.stack([self.difficulty[start:stop] + self.effects[s] + self.noise[s][start:stop] for s in sets])
 
 
@@ -62,7 +62,7 @@ def test_a_true_tie_runs_to_its_budget_and_is_reported():
         assert f.ratio_low <= 1 <= f.ratio_high
     # rounds of 32, 64, 128 and what is left of the budget (256), all finalists on the same windows
     assert [(s, e) for _, s, e in source.calls] == [(0, 32), (32, 96), (96, 224), (224, 480)]
-    assert result.forward_equivalents == pytest.approx(480 * 5)
+    assert result.fpe == pytest.approx(480 * 5)
     assert result.level == pytest.approx(1 - 0.05 / (3 * 4))
 
 
@@ -146,10 +146,10 @@ def test_a_rerun_with_the_cache_chooses_the_same_set_and_measures_nothing(tiny_m
         return race(finalists, source, 24, options), source
 
     first, source = run()
-    assert source.work.sets > 0 and first.forward_equivalents > 0
+    assert source.work.sets > 0 and first.fpe > 0
     again, source = run()
     assert again.chosen == first.chosen and again.stopped == first.stopped
-    assert source.work.sets == 0 and source.work.original_passes == 0 and again.forward_equivalents == 0
+    assert source.work.sets == 0 and source.work.original_passes == 0 and again.fpe == 0
     assert [f.to_json() for f in again.finalists] == [f.to_json() for f in first.finalists]
 
 
@@ -164,4 +164,4 @@ def test_pool_source_losses_are_the_measurers(tiny_model, tiny_windows):
     got = source.measure([(1,), (2, 3)], 4, 12)
     want = measure_sets(model, blocks, pool[4:12], [(1,), (2, 3)], batch_size=4)["kl"]
     np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert source.forward_equivalents > 8  # the originals of 8 windows and two sets' partial passes
+    assert source.fpe > 8  # the originals of 8 windows and two sets' partial passes

@@ -72,7 +72,7 @@ def test_prune_depth_races_the_validated_states(tiny_model, novel_folder, tokeni
         assert f["low"] <= f["diff"] <= f["high"] and f["ratio_low"] <= f["ratio"] <= f["ratio_high"]
     assert sel["finalists"][0]["status"] == "chosen"
     work = report.work["selection"]
-    assert work["forward_equivalents"] > sel["windows"]  # the originals of the windows, and the finalists
+    assert work["fpe"] > sel["windows"]  # the originals of the windows, and the finalists
     assert work["tokens"] == 16 * sel["windows"] and "selection" in report.timings
     assert report.states.info["selection"] == sel
     assert report.options["select"] == 40 and report.options["select_options"]["first"] == 8
@@ -83,7 +83,7 @@ def test_prune_depth_races_the_validated_states(tiny_model, novel_folder, tokeni
     # a rerun with the same seed chooses the same set and measures nothing new (the measurement cache)
     again = prune_depth(model, tokenizer, novel_folder, select=40, select_options=dict(first=8), **kw)
     assert again.chosen_blocks == report.chosen_blocks
-    assert again.work["selection"]["forward_equivalents"] == 0
+    assert again.work["selection"]["fpe"] == 0
     assert again.selection["finalists"] == sel["finalists"]
 
     kl = prune_depth(model, tokenizer, novel_folder, select=40, select_options=dict(first=8, criterion="kl"), **kw)
