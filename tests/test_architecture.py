@@ -251,6 +251,18 @@ def test_one_checkpoint_writer_one_null_bar_one_device_helper():
     ]
 
 
+def test_every_measured_loss_comes_through_one_of_the_two_doors_the_measure_package_names():
+    """cbo/measure/__init__.py says every measured loss comes from the replay engine through the Measurer or the
+    search executors; no other module builds the engine (the text said "through the Measurer" while EvoPress,
+    BlockPruner and refine went through the executors)."""
+    builders = sorted(
+        name for name, text in _source_files().items() if "RemovalLosses(" in text and name != "cbo/measure/replay.py"
+    )
+    assert builders == ["cbo/measure/executors.py", "cbo/measure/measurer.py"]
+    doc = (ROOT / "measure" / "__init__.py").read_text()
+    assert "Measurer" in doc and "Measurements" in doc and "EvoPress, BlockPruner and refine" in doc
+
+
 DOC_SECTION = re.compile(
     r"^(Args|Returns|Raises|Yields|Example|Examples|Note|Notes|Attributes|Lifecycle|Class attributes):\s*$"
 )
