@@ -20,6 +20,9 @@ class NullBar:
     def set_postfix(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def set_postfix_str(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
     def set_description(self, *args: Any, **kwargs: Any) -> None:
         pass
 

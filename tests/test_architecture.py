@@ -229,7 +229,8 @@ def test_argument_checks_live_in_one_module():
 
 def test_one_checkpoint_writer_one_null_bar_one_device_helper():
     """Every checkpoint class writes through cbo.files.CheckpointFile (atomic); no other tmp + rename writes; one
-    null progress bar (cbo.progress); one helper for the device a model's inputs go to (cbo.model.forward)."""
+    null progress bar and one place that makes bars (cbo.progress); one helper for the device a model's inputs go
+    to (cbo.model.forward)."""
     checkpoints, bars, devices, renames = {}, [], [], []
     for name, text in _source_files().items():
         for node in ast.walk(ast.parse(text)):
@@ -241,11 +242,25 @@ def test_one_checkpoint_writer_one_null_bar_one_device_helper():
                 devices.append(f"{name}:{node.name}")
         if name != "cbo/files.py" and "os.replace(" in text:
             renames.append(name)
+        if name != "cbo/progress.py" and "from tqdm" in text:
+            bars.append(f"{name}: tqdm")
     assert len(checkpoints) >= 3 and all(bases == ["CheckpointFile"] for bases in checkpoints.values()), checkpoints
     assert bars == ["cbo/progress.py:NullBar"] and renames == []
     assert [d for d in devices if d.endswith((":model_device", ":input_device"))] == [
         "cbo/model/forward.py:input_device"
     ]
+
+
+def test_every_measured_loss_comes_through_one_of_the_two_doors_the_measure_package_names():
+    """cbo/measure/__init__.py says every measured loss comes from the replay engine through the Measurer or the
+    search executors; no other module builds the engine (the text said "through the Measurer" while EvoPress,
+    BlockPruner and refine went through the executors)."""
+    builders = sorted(
+        name for name, text in _source_files().items() if "RemovalLosses(" in text and name != "cbo/measure/replay.py"
+    )
+    assert builders == ["cbo/measure/executors.py", "cbo/measure/measurer.py"]
+    doc = (ROOT / "measure" / "__init__.py").read_text()
+    assert "Measurer" in doc and "Measurements" in doc and "EvoPress, BlockPruner and refine" in doc
 
 
 DOC_SECTION = re.compile(

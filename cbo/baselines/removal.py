@@ -5,7 +5,7 @@
 * ``sleb`` (Song et al. 2024): greedy; remove the block whose removal least raises the calibration loss,
   re-measure with it removed, repeat M times.
 
-Every loss goes through the one measurer, :func:`cbo.measure.measurer.measure_sets`: layer sets replay the
+Every loss goes through the measurer of fixed windows, :func:`cbo.measure.measurer.measure_sets`: layer sets replay the
 recorded residual stream through a prefix tree (no model copy; a removed layer costs no compute), sublayer sets
 run one gated pass each. The loss is the calibration next-token NLL (``ce``) or the KL to the original model
 (``kl``), averaged over every predicted token. The measurer gives per-sequence means; all windows have the

@@ -269,6 +269,8 @@ def cached_qubo(path: Path, identity: dict[str, Any], key: str) -> BlockQUBO | N
             stacklevel=3,
         )
         return None
+    if "forward_equivalents" in qubo.metadata:  # cached before the cost unit had one name (FPE)
+        qubo.metadata.setdefault("fpe", qubo.metadata.pop("forward_equivalents"))
     return qubo
 
 

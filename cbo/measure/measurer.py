@@ -1,4 +1,5 @@
-"""The one measurer: losses of a model with sets of blocks removed (estimators, baselines, validation, search).
+"""The measurer of fixed windows: losses of a model with sets of blocks removed (the estimators, validation, the PPL
+and SLEB baselines; the searches measure window by window through :mod:`cbo.measure.executors`, on the same replay).
 
 :class:`Measurer` holds a model, its block list and token windows; ``losses(sets)`` returns, for every removal
 set, the per-sequence KL to the original model, the next-token cross-entropy and the next-token agreement with

@@ -455,8 +455,8 @@ class BlockQUBO:
         max_removed_params: int | None,
         min_removed_params: int | None,
     ) -> Constraints:
-        keep_i = tuple(sorted({self.index(b) for b in _block_list(keep, "keep")}))
-        force_i = tuple(sorted({self.index(b) for b in _block_list(force, "force")}))
+        keep_i = tuple(sorted({self.index(b) for b in block_list(keep, "keep")}))
+        force_i = tuple(sorted({self.index(b) for b in block_list(force, "force")}))
         both = set(keep_i) & set(force_i)
         if both:
             raise InfeasibleError(
@@ -497,8 +497,9 @@ def _check_magnitude(H: np.ndarray, g: np.ndarray) -> None:
         )
 
 
-def _block_list(blocks: Any, label: str) -> list[Any]:
-    """A keep/force argument as a list: one index or name counts as a list of one; anything else is refused."""
+def block_list(blocks: Any, label: str, *, error: type[Exception] = InvalidQUBOError) -> list[Any]:
+    """A keep/force argument as a list: one index or name counts as a list of one; anything else is ``error``
+    (the QUBO's own; ``solve()`` raises its SolverError with the same words)."""
     if blocks is None:
         return []
     if isinstance(blocks, str) or is_int(blocks):
@@ -506,7 +507,7 @@ def _block_list(blocks: Any, label: str) -> list[Any]:
     try:
         items = list(blocks)
     except TypeError:
-        raise InvalidQUBOError(
+        raise error(
             f"{label} must be a block index, a block name or a list of them, got {type(blocks).__name__} {blocks!r}."
         ) from None
     return items

@@ -47,6 +47,7 @@ from cbo.extras import require
 from cbo.files import CheckpointFile, atomic_write_text, record_written
 from cbo.model.forward import input_device
 from cbo.model.structures import model_structures
+from cbo.progress import progress_bar
 
 torch = require("torch", "recovery fine-tuning")
 F = torch.nn.functional
@@ -490,11 +491,7 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
         )
         saved_at = done
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, initial=done, desc=f"heal ({opts.method}, {opts.loss})", unit="step", leave=False)
+    bar = progress_bar(progress, total=steps, initial=done, desc=f"heal ({opts.method}, {opts.loss})", unit="step")
     if teacher is not None and opts.loss == "kd":
         teacher.eval()
     t0 = time.perf_counter()
@@ -523,9 +520,8 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
             done = step + 1
             if done % every == 0 or done == steps:
                 write()
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
             if on_step is not None:
                 on_step(done, losses[-1])
         write()
@@ -533,8 +529,7 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
     finally:
         if not completed:
             write()  # interrupted: keep every finished step
-        if bar is not None:
-            bar.close()
+        bar.close()
         model = trainable.finish(merge=completed)
         model.train(was_training)
     return model, losses, resumed_from, time.perf_counter() - t0

@@ -31,7 +31,7 @@ from cbo.errors import (
     UnknownSolverError,
 )
 from cbo.extras import has_module, install_command
-from cbo.qubo.block_qubo import BlockQUBO
+from cbo.qubo.block_qubo import BlockQUBO, block_list
 from cbo.qubo.states import RankedStates
 from cbo.registry import Registry
 from cbo.solvers.interrupt import stop_on_interrupt
@@ -293,9 +293,9 @@ def solve(
     if not isinstance(qubo, BlockQUBO):
         raise InvalidQUBOError(f"solve() needs a BlockQUBO, got {type(qubo).__name__}.")
     if keep is not None or force is not None:
-        # one index or name counts as a list of one (the QUBO's own rule, and its error for anything else)
-        changes = {"keep": keep, "force": force}
-        qubo = qubo.with_constraints(**{name: v for name, v in changes.items() if v is not None})
+        # one index or name counts as a list of one (the QUBO's rule, with this call's error type)
+        given = {name: v for name, v in (("keep", keep), ("force", force)) if v is not None}
+        qubo = qubo.with_constraints(**{name: block_list(v, name, error=SolverError) for name, v in given.items()})
     qubo.check_remove(remove)
     k = check_int("k", k, lo=1, error=SolverOptionError)
     time_limit = check_float("time_limit (seconds)", time_limit, lo=0, lo_open=True, finite=False, none_ok=True,

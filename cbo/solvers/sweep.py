@@ -39,6 +39,7 @@ import numpy as np
 
 from cbo.checks import check_int
 from cbo.errors import CBOError, DataError, InvalidQUBOError
+from cbo.progress import progress_bar
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.solvers.base import get, solve
 
@@ -475,18 +476,13 @@ def run_sweep(
         if cell.key not in done and cell.key not in seen:
             todo.append(cell)
             seen.add(cell.key)
-    bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo), unit="cell", desc="sweep", leave=False)
+    bar = progress_bar(progress and bool(todo), total=len(todo), unit="cell", desc="sweep")
 
     def finish(record: dict[str, Any]) -> None:
         record["finished"] = time.time()
         _append(out, record)
         done[record["key"]] = record
-        if bar is not None:
-            bar.update(1)
+        bar.update(1)
         if on_cell is not None:
             on_cell(record)
 
@@ -497,8 +493,7 @@ def run_sweep(
         else:
             _run_on_ray(todo, finish, address, workers)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return [done[c.key] for c in cells if c.key in done]
 
 

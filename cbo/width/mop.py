@@ -37,6 +37,7 @@ from cbo.evaluate import count_parameters, kl_to_reference, perplexity, referenc
 from cbo.extras import require
 from cbo.model.blocks import decoder_layers, find_blocks
 from cbo.model.forward import input_device, window_batches
+from cbo.progress import progress_bar
 from cbo.recovery.finetune import RECOVERY, recover
 from cbo.surgery.depth import ORIGINAL_KEY, remove_blocks, text_config
 from cbo.width.allocate import check_ratio
@@ -270,11 +271,7 @@ def mixture_of_pruners(
 
     current = model
     path: list[MoPStep] = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=target, desc="MoP", unit="param", leave=False)
+    bar = progress_bar(progress, total=target, desc="MoP", unit="param")
     for step in range(max_steps):
         t0 = time.perf_counter()
         before = count_parameters(current)
@@ -299,8 +296,7 @@ def mixture_of_pruners(
                 )
             )
             current = width_model
-            if bar:
-                bar.update(removed)
+            bar.update(removed)
             break
         layer = proposed_layer(depth_proposer, current, calibration)
         budget = blocks[layer].n_params if layer is not None else mean_layer
@@ -351,10 +347,8 @@ def mixture_of_pruners(
                 seconds=time.perf_counter() - t0,
             )
         )
-        if bar:
-            bar.update(before - after)
-    if bar:
-        bar.close()
+        bar.update(before - after)
+    bar.close()
     if current is model:
         raise InfeasibleError(f"MoP could not remove anything from the model at ratio {ratio}")
     if final_recovery_steps > 0:

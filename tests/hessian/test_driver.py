@@ -14,6 +14,7 @@ from cbo.hessian import ESTIMATORS, driver, estimate_hessian, names
 from cbo.hessian import base as hbase
 from cbo.hessian.checkpoint import Checkpoint
 from cbo.measure.measurer import Measurer
+from cbo.qubo.block_qubo import BlockQUBO
 
 
 class Interrupt(Exception):
@@ -106,6 +107,20 @@ def test_cache_returns_the_stored_qubo_and_keys_on_model_data_and_options(tiny_m
         model.model.layers[0].mlp.down_proj.weight.mul_(1.5)  # other weights, same config
     estimate_hessian(model, None, windows, **kw)
     assert len(list(tmp_path.glob("*.cboq"))) == 4
+
+
+def test_a_cached_qubo_of_an_earlier_version_reports_its_cost_as_fpe(tiny_model, tiny_windows, tmp_path):
+    """QUBOs cached before the cost unit had one name record "forward_equivalents": read back, it is "fpe"."""
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=10)
+    kw = dict(estimator="fisher", loss="kl", batch_size=2, progress=False, cache_dir=tmp_path)
+    first = estimate_hessian(model, None, windows, **kw)
+    (path,) = tmp_path.glob("*.cboq")
+    old = BlockQUBO.load(path)
+    old.metadata["forward_equivalents"] = old.metadata.pop("fpe")
+    old.save(path)
+    again = estimate_hessian(model, None, windows, **kw)
+    assert again.metadata["fpe"] == first.metadata["fpe"] and "forward_equivalents" not in again.metadata
 
 
 def test_cache_dir_that_is_not_writable_is_a_clear_error(tiny_model, tiny_windows, tmp_path):

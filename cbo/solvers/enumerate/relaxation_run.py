@@ -15,6 +15,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from cbo.progress import progress_bar
 from cbo.solvers.base import Problem, SolverOutput
 from cbo.solvers.constraints import FreeConstraints
 from cbo.solvers.enumerate.relaxation_search import search_top_k
@@ -39,17 +40,13 @@ def enumerate_by_relaxation(problem: Problem, opts: Any, reason: str = "") -> So
         Y = out.candidates[:, problem.free]
         return Y[Y.sum(1) == r]
 
-    bar = None
-    if problem.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=100,
-            desc=f"enumerate C({n},{r})",
-            leave=False,
-            dynamic_ncols=True,
-            bar_format="{desc}: {percentage:5.1f}% of the tree closed |{bar}| {elapsed}{postfix}",
-        )
+    bar = progress_bar(
+        problem.progress,
+        total=100,
+        desc=f"enumerate C({n},{r})",
+        dynamic_ncols=True,
+        bar_format="{desc}: {percentage:5.1f}% of the tree closed |{bar}| {elapsed}{postfix}",
+    )
 
     def progress(covered: float, nodes: int, kth: float) -> None:
         bar.n = round(100.0 * covered, 1)
@@ -67,13 +64,12 @@ def enumerate_by_relaxation(problem: Problem, opts: Any, reason: str = "") -> So
             threshold=threshold,
             time_limit=max(left, 1e-6) if np.isfinite(left) else None,
             threads=threads,
-            progress=None if bar is None else progress,
+            progress=progress if problem.progress else None,
             stop=lambda: problem.interrupted,
             reseed=reseed if opts.seed_heuristic else None,
         )
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     energies, Y = res.energies, res.states
     if opts.warm_start is not None:
         keep = energies + problem.const <= float(opts.warm_start) + 1e-9 * max(1.0, abs(float(opts.warm_start)))
