@@ -116,6 +116,14 @@ def random_token_windows(model_or_vocab, n: int = 4, seq_len: int = 16, seed: in
     return random_windows(n, seq_len, vocab, seed=seed)
 
 
+def random_splits(model, n_cal: int = 4, n_val: int = 4, seq_len: int = 16):
+    """``TokenSplits`` of random windows for ``model``: calibration (seed 1), validation (seed 2), one test window."""
+    from cbo.data.windows import TokenSplits
+
+    windows = [random_token_windows(model, n=n, seq_len=seq_len, seed=s) for n, s in ((n_cal, 1), (n_val, 2), (1, 3))]
+    return TokenSplits(*windows, {"source": "random"})
+
+
 class CharTokenizer:
     """A tokenizer-free stand-in: one id per byte (ids 3..258), id 2 = end of text."""
 
