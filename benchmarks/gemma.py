@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--labels", default="", help=argparse.SUPPRESS)
     p.add_argument("--folders", default="", help=argparse.SUPPRESS)
     C.add_report_arg(p, NAME)
-    C.main(NAME, p, run, markdown, argv=argv, torch=False)
+    C.main(NAME, p, run, markdown, argv=argv, torch=False, show=True)
     return 0
 
 
@@ -225,7 +225,6 @@ def run(job: C.Run) -> dict | None:
         step = run | json_of(run.pop("stdout"))
         result["steps"]["evaluate"] = step
         C.write_json(path, step)
-    print(markdown(result))
     return result
 
 

@@ -61,6 +61,7 @@ def main(
     *,
     argv: list[str] | None = None,
     torch: bool = True,
+    show: bool = False,
 ) -> Any:
     """The ``main`` of a benchmark script: parse, ``--report`` alone, stopwatch, threads, folder, run, outputs.
 
@@ -73,6 +74,7 @@ def main(
             ``--no-plot``), after adding the wall and CPU times when ``run`` did not.
         plot: ``plot(result, path)``, a PNG.
         torch: set torch's threads (``--threads``) and seed before ``run`` (False: the solver benchmarks, no torch).
+        show: print the Markdown once written.
 
     Example:
         >>> def run(r: Run) -> dict:
@@ -94,7 +96,10 @@ def main(
     if result.get("wall_time_s") is None:  # None: the mark of a run that has not finished
         result["wall_time_s"] = round(clock(), 1)
     result.setdefault("cpu_time_s", round(clock.cpu(), 1))
-    write_outputs(out, name, result, markdown(result))
+    text = markdown(result)
+    write_outputs(out, name, result, text)
+    if show:
+        print(text, flush=True)
     if draw is not None:
         draw(result, out / f"{name}.png")
     print(f"wrote {out / name}.json, .md{'' if draw is None else ', .png'} in {clock():.0f} s", flush=True)

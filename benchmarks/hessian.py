@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--case", default="", help=argparse.SUPPRESS)
     full = {"n": 8, "seq_len": 128, "batch_size": 8, "repeats": 2}
     quick = {"n": 2, "seq_len": 32, "batch_size": 2, "repeats": 1}
-    return C.main("hessian", lambda a: C.parse_with_defaults(ap, a, full, quick), run, markdown, argv=argv, torch=False)
+    return C.main(
+        "hessian", lambda a: C.parse_with_defaults(ap, a, full, quick), run, markdown, argv=argv, torch=False, show=True
+    )
 
 
 def run(job: C.Run) -> dict | None:
@@ -187,7 +189,6 @@ def run(job: C.Run) -> dict | None:
         cpu_time_s=None,  # the cases ran in child processes: this process's CPU time says nothing
         results=results,
     )
-    print(markdown(result))
     return result
 
 

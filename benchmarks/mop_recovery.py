@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return C.main(NAME, parse_args, run, markdown, argv=argv)
+    return C.main(NAME, parse_args, run, markdown, argv=argv, show=True)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -169,7 +169,6 @@ def run(job: C.Run) -> dict:
                     healed = recover(copy.deepcopy(pruned), calib, steps=n, lr=args.lr, method=args.method,
                                      batch_size=args.batch_size, seed=args.seed)  # fmt: skip
                 row(ratio, label, healed, n, seconds + time.perf_counter() - t1)
-    print(markdown(result))
     return result
 
 

@@ -197,8 +197,8 @@ def stability(out: Path, sizes: list[int], Ms: list[int]) -> dict[str, Any]:
     from cbo.solvers import solve
 
     written = sorted(int(p.stem.split("-n")[1]) for p in out.glob("paper-n*.cboq"))
-    if not written:
-        return {}
+    if not written or not (out / "chunks.npz").exists():
+        raise SystemExit(f"--stability: {out} holds no paper-n*.cboq or no chunks.npz; run the nested estimate first")
     largest = BlockQUBO.load(qubo_path(out, written[-1]))
     reference = {M: set(solve(largest, M, "enumerate", k=1)[0].removed) for M in Ms}
     rows = []

@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return C.main(NAME, parse_args, run, markdown, argv=argv)
+    return C.main(NAME, parse_args, run, markdown, argv=argv, show=True)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -232,7 +232,6 @@ def run(job: C.Run) -> dict:
             print(f"M={m} rank {v.rank}: test PPL {before['test_ppl']:.2f} -> {after['test_ppl']:.2f}", flush=True)
         block["correlations"] = correlations(block["rows"])
         job.save(result)
-    print(markdown(result))
     return result
 
 

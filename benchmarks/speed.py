@@ -139,7 +139,7 @@ def build_variants(args: argparse.Namespace, folder: Path) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    return C.main("speed", parse_args, run, markdown, argv=argv)
+    return C.main("speed", parse_args, run, markdown, argv=argv, show=True)
 
 
 def run(job: C.Run) -> dict | None:
@@ -174,7 +174,6 @@ def run(job: C.Run) -> dict | None:
         job.save(result)
     n = variants.get("original", {}).get("n_layers")
     result["ideal_depth_speedup"] = n / (n - args.remove) if n else None
-    print(markdown(result))
     return result
 
 

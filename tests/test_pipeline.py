@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import save_word_model
+from tiny_models import random_splits, save_word_model
 from tiny_texts import word_texts
 
-from cbo.data.windows import TokenSplits
 from cbo.errors import CBOError, InfeasibleError
 from cbo.pipeline import DepthReport, prune_depth
 from cbo.surgery.depth import remove_blocks
@@ -24,12 +23,7 @@ SOLVE = dict(solver="enumerate", progress=False, cache_dir=None)
 
 
 def _splits(model, tiny_windows, n_cal=4, n_val=4, seq_len=16):
-    return TokenSplits(
-        tiny_windows(model, n=n_cal, seq_len=seq_len, seed=1),
-        tiny_windows(model, n=n_val, seq_len=seq_len, seed=2),
-        tiny_windows(model, n=1, seq_len=seq_len, seed=3),
-        {"source": "random"},
-    )
+    return random_splits(model, n_cal, n_val, seq_len)
 
 
 def _kl_and_ppl(model, pruned, windows):

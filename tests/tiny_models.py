@@ -11,11 +11,9 @@ EXTRA_ARCHS = ("gemma", "gemma2", "phi3", "olmo2")  # also supported; built on r
 TINY_VOCAB = 128
 
 
-def _config(arch: str, n_layers: int, **overrides):
-    import transformers as tf
-
-    common = dict(vocab_size=TINY_VOCAB, initializer_range=0.1)
-    llama_like = dict(
+def _llama_like(n_layers: int) -> dict:
+    """The sizes every tiny dense (and mixture-of-experts) model shares: width 32, 4 heads over 2 KV groups."""
+    return dict(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=n_layers,
@@ -24,6 +22,13 @@ def _config(arch: str, n_layers: int, **overrides):
         max_position_embeddings=128,
         tie_word_embeddings=False,
     )
+
+
+def _config(arch: str, n_layers: int, **overrides):
+    import transformers as tf
+
+    common = dict(vocab_size=TINY_VOCAB, initializer_range=0.1)
+    llama_like = _llama_like(n_layers)
     if arch == "llama":
         cfg = tf.LlamaConfig(**common, **llama_like)
     elif arch == "qwen2":
@@ -111,6 +116,14 @@ def random_token_windows(model_or_vocab, n: int = 4, seq_len: int = 16, seed: in
     return random_windows(n, seq_len, vocab, seed=seed)
 
 
+def random_splits(model, n_cal: int = 4, n_val: int = 4, seq_len: int = 16):
+    """``TokenSplits`` of random windows for ``model``: calibration (seed 1), validation (seed 2), one test window."""
+    from cbo.data.windows import TokenSplits
+
+    windows = [random_token_windows(model, n=n, seq_len=seq_len, seed=s) for n, s in ((n_cal, 1), (n_val, 2), (1, 3))]
+    return TokenSplits(*windows, {"source": "random"})
+
+
 class CharTokenizer:
     """A tokenizer-free stand-in: one id per byte (ids 3..258), id 2 = end of text."""
 
@@ -129,21 +142,9 @@ MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")  # mixture-of-experts
 
 def build_tiny_moe(arch: str = "mixtral", n_layers: int = 4, seed: int = 0, **overrides):
     """A tiny random mixture-of-experts causal LM (4 experts, 2 per token; eval mode, float32, seeded)."""
-    import torch
     import transformers as tf
 
-    common = dict(
-        vocab_size=TINY_VOCAB,
-        initializer_range=0.1,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        num_experts_per_tok=2,
-    )
+    common = dict(vocab_size=TINY_VOCAB, initializer_range=0.1, **_llama_like(n_layers), num_experts_per_tok=2)
     if arch == "mixtral":
         cfg = tf.MixtralConfig(**common, num_local_experts=4)
     elif arch == "qwen2_moe":
@@ -156,10 +157,7 @@ def build_tiny_moe(arch: str = "mixtral", n_layers: int = 4, seed: int = 0, **ov
         cfg = tf.OlmoeConfig(**common, num_experts=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     else:
         raise ValueError(f"unknown tiny mixture-of-experts architecture {arch!r}; use one of {MOE_ARCHS}")
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
-    torch.manual_seed(seed)
-    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+    return _seeded_model(_overridden(cfg, overrides), seed)
 
 
 HYBRID_ARCHS = ("bamba", "jamba", "falcon_h1", "granitemoehybrid", "qwen3_next", "lfm2", "nemotron_h")

@@ -1,4 +1,4 @@
-"""benchmarks/harness.py: the shared parser, outputs, resumable records and child-process results."""
+"""benchmarks/harness.py: the main skeleton, the shared parser, outputs, resumable records and child-process results."""
 
 from __future__ import annotations
 
@@ -9,6 +9,43 @@ import pytest
 from bench_scripts import ROOT, bench_module
 
 H = bench_module("harness")
+
+
+def test_main_runs_the_work_and_writes_its_outputs_or_only_reports(tmp_path):
+    p = H.parser("doc", out="x", quick="small", threads=False)
+    p.add_argument("--no-plot", action="store_true")
+    H.add_report_arg(p, "x")
+    seen = []
+
+    def run(job):
+        seen.append((job.name, job.out, job.args.quick))
+        job.save({"rows": [1], "wall_time_s": None})  # what an interrupted run leaves
+        return job.header(torch_info=False, rows=[1, 2], wall_time_s=None)
+
+    def markdown(result):
+        return f"{len(result['rows'])} rows; {H.timing_line(result)}"
+
+    def plot(result, path):
+        path.write_text("png")
+
+    out = tmp_path / "o"
+    result = H.main("x", p, run, markdown, plot, argv=["--quick", "--out", str(out)], torch=False)
+    assert seen == [("x", out, True)] and result["benchmark"] == "x" and result["wall_time_s"] >= 0
+    assert json.loads((out / "x.json").read_text())["rows"] == [1, 2] and (out / "x.png").read_text() == "png"
+    assert (out / "x.md").read_text().startswith("2 rows; Wall time: ")
+    (out / "x.md").unlink()
+    reported = H.main("x", p, run, markdown, plot, argv=["--report", "--no-plot", "--out", str(out)], torch=False)
+    assert len(seen) == 1 and reported["rows"] == [1, 2] and (out / "x.md").exists()
+    # a child process's run (or a script that writes its own files) returns no dict: nothing is written
+    assert H.main("y", p, lambda job: 3, markdown, argv=["--out", str(tmp_path / "y")], torch=False) == 3
+    assert list((tmp_path / "y").iterdir()) == []
+
+
+def test_previous_resumes_only_the_same_settings(tmp_path):
+    job = H.Run("r", None, tmp_path, H.Stopwatch())
+    assert job.previous({"a": 1}) == {}
+    job.save({"settings": {"a": 1}, "rows": [3]})
+    assert job.previous({"a": 1})["rows"] == [3] and job.previous({"a": 2}) == {}
 
 
 def test_parser_adds_only_the_options_asked_for():

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from tiny_models import random_splits
 
-from cbo.data.windows import TokenSplits
 from cbo.errors import CBOError, InvalidOptionError
 from cbo.pipeline import prune_depth
 
@@ -16,12 +16,7 @@ SOLVE = dict(solver="enumerate", progress=False, cache_dir=None)
 
 
 def _splits(model, tiny_windows, n_cal=6, n_val=6, seq_len=16):
-    return TokenSplits(
-        tiny_windows(model, n=n_cal, seq_len=seq_len, seed=1),
-        tiny_windows(model, n=n_val, seq_len=seq_len, seed=2),
-        tiny_windows(model, n=1, seq_len=seq_len, seed=3),
-        {"source": "random"},
-    )
+    return random_splits(model, n_cal, n_val, seq_len)
 
 
 def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_windows, tmp_path):
