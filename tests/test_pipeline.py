@@ -195,7 +195,7 @@ def test_keep_is_respected_and_names_work(tiny_model, tiny_windows):
     model = tiny_model("gpt2", n_layers=5)
     splits = _splits(model, tiny_windows)
     report = prune_depth(model, None, splits=splits, remove=3, keep=[0, "layers.4"], top_k=4, validate=2, **SOLVE)
-    assert report.options["keep"] == [0, 4]
+    assert report.options["constraints"]["keep"] == [0, 4]
     for s in report.states:
         assert not {0, 4} & set(s.removed)
     assert report.chosen_blocks == [1, 2, 3]

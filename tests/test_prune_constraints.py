@@ -36,7 +36,7 @@ def test_caps_and_budget_bound_the_chosen_blocks(model):
     r = prune_depth(model, CharTokenizer(), TEXT, remove=2, granularity="sublayer", budget_params=budget, **SMALL)
     assert sum(blocks[i].n_params for i in r.chosen_blocks) <= budget
     assert [blocks[i].kind for i in r.chosen_blocks] == ["attention", "attention"]
-    assert r.options["budget_params"] == budget
+    assert r.options["constraints"]["max_removed_params"] == budget
 
 
 def test_bad_constraints_fail_before_any_work(model):
