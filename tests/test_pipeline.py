@@ -342,7 +342,8 @@ def test_cli_hessian_and_prune(tmp_path, monkeypatch):
     runner = CliRunner()
     small = ["--text", str(text), "--seq-len", "16", "--n-calibration", "3"]
     qfile = tmp_path / "q.cboq"
-    res = runner.invoke(app, ["hessian", str(folder), "-o", str(qfile), "--option", "labels=empirical", "-q", *small])
+    hessian = ["hessian", str(folder), "-o", str(qfile), "--estimator", "fisher", "--option", "labels=empirical"]
+    res = runner.invoke(app, [*hessian, "-q", *small])
     assert res.exit_code == 0, res.output
     q = BlockQUBO.load(qfile)
     assert q.n == 4 and q.metadata["options"]["labels"] == "empirical" and "wrote" in res.output
