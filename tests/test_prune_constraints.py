@@ -71,7 +71,7 @@ def test_cli_max_kind_and_budget(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert all(name.endswith(".mlp") for name in data["chosen"]["removed_names"])
-    assert data["options"]["caps"] == {"attention": 0}
+    assert data["options"]["constraints"]["caps"] == {"attention": 0}
     res = CliRunner().invoke(app, [*args, "--max-kind", "attention"])
     assert res.exit_code == 2 and "KIND=N" in res.output
     res = CliRunner().invoke(app, [*args, "--max-kind", "mamba=1"])
