@@ -66,7 +66,7 @@ def run(job: C.Run) -> dict[str, Any]:
             "test_kl": float(res.kl[0].mean()),
             "val_kl": r.pruned_metrics.get("kl"),
             "seconds": t(),
-            "options": {k: r.options.get(k) for k in ("top_k", "validate")},
+            "options": {k: r.options["search"].get(k) for k in ("top_k", "validate")},
             "data": r.data_info.get("windows"),
         }
         print(m, result["points"][str(m)], flush=True)

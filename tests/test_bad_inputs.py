@@ -171,7 +171,7 @@ def row_string_tokenizer_is_resolved_or_refused(folder, monkeypatch):
     path, text, model, tok = folder
     import cbo.pipeline.depth
 
-    monkeypatch.setattr(cbo.pipeline.depth, "_estimate_and_solve", _forbid)
+    monkeypatch.setattr(cbo.pipeline.depth, "estimate_and_solve", _forbid)
     with pytest.raises(WorkStarted):  # the folder's tokenizer cut the text: the work was reached
         cbo.prune_depth(model, str(path), text=str(text), remove=2, cache_dir=None, progress=False,
                         seq_len=16, n_calibration=4, n_validation=2)  # fmt: skip

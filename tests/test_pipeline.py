@@ -189,7 +189,7 @@ def test_keep_is_respected_and_names_work(tiny_model, tiny_windows):
     model = tiny_model("gpt2", n_layers=5)
     splits = _splits(model, tiny_windows)
     report = prune_depth(model, None, splits=splits, remove=3, keep=[0, "layers.4"], top_k=4, validate=2, **SOLVE)
-    assert report.options["keep"] == [0, 4]
+    assert report.options["constraints"]["keep"] == [0, 4]
     for s in report.states:
         assert not {0, 4} & set(s.removed)
     assert report.chosen_blocks == [1, 2, 3]
@@ -336,7 +336,8 @@ def test_cli_hessian_and_prune(tmp_path, monkeypatch):
     runner = CliRunner()
     small = ["--text", str(text), "--seq-len", "16", "--n-calibration", "3"]
     qfile = tmp_path / "q.cboq"
-    res = runner.invoke(app, ["hessian", str(folder), "-o", str(qfile), "--option", "labels=empirical", "-q", *small])
+    hessian = ["hessian", str(folder), "-o", str(qfile), "--estimator", "fisher", "--option", "labels=empirical"]
+    res = runner.invoke(app, [*hessian, "-q", *small])
     assert res.exit_code == 0, res.output
     q = BlockQUBO.load(qfile)
     assert q.n == 4 and q.metadata["options"]["labels"] == "empirical" and "wrote" in res.output

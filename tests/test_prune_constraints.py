@@ -36,7 +36,7 @@ def test_caps_and_budget_bound_the_chosen_blocks(model):
     r = prune_depth(model, CharTokenizer(), TEXT, remove=2, granularity="sublayer", budget_params=budget, **SMALL)
     assert sum(blocks[i].n_params for i in r.chosen_blocks) <= budget
     assert [blocks[i].kind for i in r.chosen_blocks] == ["attention", "attention"]
-    assert r.options["budget_params"] == budget
+    assert r.options["constraints"]["max_removed_params"] == budget
 
 
 def test_bad_constraints_fail_before_any_work(model):
@@ -71,7 +71,7 @@ def test_cli_max_kind_and_budget(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert all(name.endswith(".mlp") for name in data["chosen"]["removed_names"])
-    assert data["options"]["caps"] == {"attention": 0}
+    assert data["options"]["constraints"]["caps"] == {"attention": 0}
     res = CliRunner().invoke(app, [*args, "--max-kind", "attention"])
     assert res.exit_code == 2 and "KIND=N" in res.output
     res = CliRunner().invoke(app, [*args, "--max-kind", "mamba=1"])

@@ -64,7 +64,7 @@ def test_the_python_refine_example_runs(tiny_folder, tmp_path, monkeypatch, caps
     for line in lines:
         exec(line, scope)  # the README's lines, in order
     report = scope["report"]
-    assert report.options["refine"] == kwargs["refine"] and report.work["refine"]["rounds"] >= 1
+    assert report.options["search"]["refine"] == kwargs["refine"] and report.work["refine"]["rounds"] >= 1
     assert "best_calibration_kl" in capsys.readouterr().out
 
 
@@ -86,4 +86,4 @@ def test_the_cli_refine_example_runs(tiny_folder, tmp_path, monkeypatch):
     res = CliRunner().invoke(app, [*argv, "--solver", "enumerate", *small])
     assert res.exit_code == 0, res.output
     report = json.loads((out / "report.json").read_text())
-    assert report["options"]["refine"] == float(argv[argv.index("--refine") + 1])
+    assert report["options"]["search"]["refine"] == float(argv[argv.index("--refine") + 1])

@@ -32,6 +32,7 @@ from cbo.cli.common import (
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 from cbo.files import output_lock
+from cbo.pipeline.options import DEFAULT_ESTIMATOR
 
 ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
 
@@ -41,7 +42,9 @@ def hessian(
     model: str = typer.Argument("smollm2-135m", help=MODEL_HELP),
     output: Path = typer.Option(..., "--output", "-o", help="QUBO file to write (.cboq)."),
     text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
-    estimator: str = typer.Option("fisher", "--estimator", "-e", help=f"{ESTIMATOR_HELP}; fisher is the cheapest."),
+    estimator: str = typer.Option(
+        DEFAULT_ESTIMATOR, "--estimator", "-e", help=f"{ESTIMATOR_HELP}; fisher is the cheapest."
+    ),
     loss: str = typer.Option("kl", "--loss", help="kl (to the original) or ce (next-token cross-entropy)."),
     granularity: str = typer.Option("layer", help=GRANULARITY_HELP),
     n_calibration: int = typer.Option(32, help=CALIBRATION_HELP),
@@ -108,7 +111,7 @@ def prune(
     top: int = typer.Option(10, "--top", "-k", help="How many low-energy states to rank."),
     validate: int = typer.Option(10, "--validate", "-v", help="How many of them to measure on validation text."),
     text: Optional[Path] = typer.Option(None, "--text", help=TEXT_HELP),
-    estimator: str = typer.Option("singles", "--estimator", "-e", help=f"{ESTIMATOR_HELP}."),
+    estimator: str = typer.Option(DEFAULT_ESTIMATOR, "--estimator", "-e", help=f"{ESTIMATOR_HELP}."),
     loss: str = typer.Option("kl", "--loss", help="kl or ce."),
     solver: str = typer.Option("auto", "--solver", "-s", help="A registered solver (`cbo solvers` lists them)."),
     method: str = typer.Option("cbo", "--method", help="cbo, or a depth baseline (`cbo estimators` lists them)."),
@@ -160,7 +163,8 @@ def prune(
         None,
         "--refine",
         help="Refine the QUBO with measurements before validating: BUDGET in forward-pass equivalents (one FPE ="
-        " one full forward pass over one calibration window), e.g. --refine 400. Off by default.",
+        " one full forward pass over one calibration window) for the rounds after the estimate (the estimate and"
+        " the validation are paid apart), e.g. --refine 400. Off by default.",
     ),
     select: Optional[int] = typer.Option(
         None,
@@ -437,7 +441,7 @@ def _prune_width(
 def estimators() -> None:
     """List the Hessian estimators (with their cost per calibration batch and losses) and the depth baselines."""
     from cbo.hessian import describe
-    from cbo.pipeline import DEFAULT_ESTIMATOR, depth_methods
+    from cbo.pipeline import depth_methods
 
     def label(name: str) -> str:
         return f"{name} (default)" if name == DEFAULT_ESTIMATOR else name

@@ -22,6 +22,7 @@ from cbo.cli.common import (
 )
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
+from cbo.pipeline.options import DEFAULT_ESTIMATOR
 
 
 @app.command()
@@ -51,6 +52,9 @@ def compress(
         "none", "--depth", "-d", help="Depth part: none, cbo (QUBO), antepenultimate (MoP's rule)."
     ),
     depth_share: float = typer.Option(0.5, help="One-shot with depth: share of the budget removed as whole layers."),
+    estimator: str = typer.Option(
+        DEFAULT_ESTIMATOR, "--estimator", "-e", help="Hessian estimator of --depth cbo (`cbo estimators` lists them)."
+    ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Save the compressed model and report.json here."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
     text: Optional[str] = typer.Option(None, "--text", help="Text file/folder/.jsonl (default: the Austen novels)."),

@@ -29,6 +29,7 @@ from cbo.errors import DataError, InfeasibleError, InvalidOptionError
 from cbo.extras import require
 from cbo.jsonable import jsonable
 from cbo.pipeline.inputs import check_run_options, model_and_tokenizer, token_splits
+from cbo.pipeline.options import Data, Estimate, Run, Search, option_groups
 from cbo.pipeline.proposers import depth_proposer
 from cbo.pipeline.reports import Report
 from cbo.width.allocate import check_ratio
@@ -186,6 +187,40 @@ class CompressionReport(Report):
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class CompressOptions:
+    """``compress``'s own options (beside the groups of :mod:`cbo.pipeline.options`).
+
+    Attributes:
+        criterion: MoP path criterion (``cosine``, ``kl``, ``ppl``, ``random``).
+        gqa / gamma / round_to / allocation / score_options: the width step's units, MLP-vs-attention ratio,
+            rounding of kept MLP widths, spreading of the budget over layers (``global`` or ``uniform``; default:
+            the score's own, see :func:`cbo.width.allocate.allocate`) and the score's options.
+        select_calibration: one-shot: number of candidate calibration batches for KL-based selection (0 or 1 =
+            none); candidates are drawn from the calibration split, the control is the validation split.
+        recovery / recovery_steps / final_recovery_steps: MoP's recovery fine-tune (see :mod:`cbo.recovery.finetune`).
+        measure_speed / speed_options: time prefill and decode before and after (:func:`cbo.evaluate.throughput`).
+    """
+
+    criterion: str = "kl"
+    gqa: str = "group"
+    gamma: float | None = None
+    round_to: int = 8
+    allocation: str | None = None
+    score_options: dict[str, Any] | None = None
+    select_calibration: int = 0
+    recovery: str = "lora"
+    recovery_steps: int = 0
+    final_recovery_steps: int = 0
+    measure_speed: bool = True
+    speed_options: dict[str, Any] | None = None
+
+
+# the groups' fields compress does not use, and its own defaults of the groups
+NOT_USED = ("loss", "estimator_options", "solver_options", "top_k", "validate", "refine", "cache_dir")
+DEFAULTS = {"data": Data(n_validation=16, n_test=32), "run": Run(batch_size=4, progress=False)}
+
+
 def compress(
     model: Any,
     tokenizer: Any = None,
@@ -196,30 +231,14 @@ def compress(
     depth: str = "none",
     width: str | None = None,
     scheduler: str = "oneshot",
-    criterion: str = "kl",
     depth_share: float = 0.5,
-    gqa: str = "group",
-    gamma: float | None = None,
-    round_to: int = 8,
-    allocation: str | None = None,
-    score_options: dict[str, Any] | None = None,
-    select_calibration: int = 0,
-    recovery_steps: int = 0,
-    final_recovery_steps: int = 0,
-    recovery: str = "lora",
-    splits: Any = None,
-    seq_len: int = 128,
-    n_calibration: int = 32,
-    n_validation: int = 16,
-    n_test: int = 32,
-    batch_size: int = 4,
-    measure_speed: bool = True,
-    speed_options: dict[str, Any] | None = None,
-    estimator: str = "fisher",
-    solver: str = "auto",
     out: str | os.PathLike | None = None,
-    seed: int = 0,
-    progress: bool = False,
+    compression: CompressOptions | None = None,
+    data: Data | None = None,
+    estimate: Estimate | None = None,
+    search: Search | None = None,
+    run: Run | None = None,
+    **options: Any,
 ) -> CompressionReport:
     """Compress a causal LM to about ``ratio`` fewer parameters by depth and/or width pruning.
 
@@ -235,18 +254,16 @@ def compress(
         width: width score (default ``taylor`` one-shot, ``amp`` for MoP: the best of each on the default model
             in BENCHMARKS.md).
         scheduler: ``oneshot`` or ``mop``.
-        criterion: MoP path criterion (``cosine``, ``kl``, ``ppl``, ``random``).
         depth_share: one-shot with depth: share of the budget taken by whole layers (rounded to layers).
-        allocation: ``global`` or ``uniform`` spreading of the width budget over layers (default: the
-            score's own; see :func:`cbo.width.allocate.allocate`).
-        select_calibration: one-shot: number of candidate calibration batches for KL-based selection
-            (0 or 1 = none); candidates are drawn from the calibration split, the control is the validation split.
-        recovery_steps / final_recovery_steps / recovery: MoP recovery fine-tune (see :mod:`cbo.recovery.finetune`).
-        splits: a :class:`cbo.data.windows.TokenSplits` to use instead of cutting ``text``.
-        measure_speed: time prefill and decode before and after (:func:`cbo.evaluate.throughput`).
-        estimator / solver: the Hessian estimator and solver of ``depth="cbo"`` (MoP uses ``enumerate`` for
-            ``"auto"``).
         out: folder to save the compressed model (:func:`cbo.surgery.io.save_pruned`) and ``report.json``.
+        compression: :class:`CompressOptions` (the MoP criterion, the width step's options, calibration
+            selection, recovery, speed measurement).
+        data / estimate / search / run: the groups of :mod:`cbo.pipeline.options`; compress uses ``Data``
+            (``splits``, ``seq_len``, ``n_calibration``, ``n_validation=16``, ``n_test=32``), the estimator of
+            ``Estimate`` and the solver of ``Search`` (of ``depth="cbo"``; MoP uses ``enumerate`` for ``"auto"``),
+            and ``Run`` (``seed``, ``batch_size=4``, ``progress=False``, ``device``, ``dtype``).
+        **options: the fields of :class:`CompressOptions` and of the groups as flat keywords (``criterion="kl"``,
+            ``recovery_steps=2``, ``seed=1``, ``n_test=16``, ``estimator="fisher"``, ...).
 
     Returns:
         A :class:`CompressionReport` (``report.model`` is the compressed model).
@@ -259,14 +276,26 @@ def compress(
     from cbo.model.structures import layer_widths
     from cbo.surgery.depth import REMOVED_KEY, remove_blocks, text_config
 
+    own = {k: options.pop(k) for k in [k for k in options if k in COMPRESS_FIELDS]}
+    o = dataclasses.replace(compression or CompressOptions(), **own)
+    data, estimate, search, run = option_groups(
+        options, who="compress", unused=NOT_USED, defaults=DEFAULTS, data=data, estimate=estimate, search=search,
+        run=run,
+    )  # fmt: skip
+    text = text if text is not None else data.text
+    seq_len, n_calibration, n_validation, n_test = data.seq_len, data.n_calibration, data.n_validation, data.n_test
+    seed, batch_size, progress = run.seed, run.batch_size, run.progress
+    criterion, gqa, gamma, round_to, allocation = o.criterion, o.gqa, o.gamma, o.round_to, o.allocation
+    score_options, select_calibration, recovery = o.score_options, o.select_calibration, o.recovery
+    recovery_steps, final_recovery_steps = o.recovery_steps, o.final_recovery_steps
     if scheduler not in SCHEDULERS:
         raise InvalidOptionError(f"unknown scheduler {scheduler!r}; use one of {list(SCHEDULERS)}")
     check_ratio(ratio)
     check_choice("ratio_of", ratio_of, RATIO_OF)
     check_float("depth_share", depth_share, 0, 1, error=InfeasibleError)
-    check_run_options(
+    dtype, device = check_run_options(
         seq_len=seq_len, n_calibration=n_calibration, n_validation=n_validation, batch_size=batch_size, seed=seed,
-        splits=splits,
+        dtype=run.dtype, device=run.device, splits=data.splits,
     )  # fmt: skip
     width = width or ("amp" if scheduler == "mop" else DEFAULT_SCORE)
     check_width_options(width, score_options, gqa, allocation)
@@ -274,17 +303,17 @@ def compress(
         check_mop_options(criterion, recovery)
     proposer = depth_proposer(
         depth,
-        estimator=estimator,
-        solver="enumerate" if scheduler == "mop" and solver == "auto" else solver,
+        estimator=estimate.estimator,
+        solver="enumerate" if scheduler == "mop" and search.solver == "auto" else search.solver,
         batch_size=batch_size,
         seed=seed,
         progress=progress and scheduler == "oneshot",
     )
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
-    model, tokenizer, name = model_and_tokenizer(model, tokenizer, quiet=not progress)
+    model, tokenizer, name = model_and_tokenizer(model, tokenizer, dtype=dtype, device=device, quiet=not progress)
     splits = token_splits(
-        splits,
+        data.splits,
         tokenizer,
         text,
         model=model,
@@ -322,8 +351,8 @@ def compress(
     ref = reference_logits(model, test, batch_size=batch_size)
     before = evaluate(model, test, ref, batch_size=batch_size)
     speed_opts = dict(prompt_len=64, new_tokens=16, repeats=3)
-    speed_opts.update(speed_options or {})
-    speed_before = throughput(model, **speed_opts) if measure_speed else None
+    speed_opts.update(o.speed_options or {})
+    speed_before = throughput(model, **speed_opts) if o.measure_speed else None
     timings["evaluate_before"] = time.perf_counter() - t0
 
     path: list[dict[str, Any]] = []
@@ -391,7 +420,7 @@ def compress(
 
     t0 = time.perf_counter()
     after = evaluate(pruned, test, ref, batch_size=batch_size)
-    speed_after = throughput(pruned, **speed_opts) if measure_speed else None
+    speed_after = throughput(pruned, **speed_opts) if o.measure_speed else None
     timings["evaluate_after"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     before.update(kl=0.0, agreement=1.0)
@@ -417,3 +446,6 @@ def compress(
     if out is not None:
         report.save_model(out)
     return report
+
+
+COMPRESS_FIELDS = frozenset(f.name for f in dataclasses.fields(CompressOptions))

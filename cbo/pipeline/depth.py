@@ -13,25 +13,21 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from cbo.checks import check_int, is_number
+from cbo.checks import check_int
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
 from cbo.pipeline.final_selection import check_select, select_final, selection_work
 from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
+from cbo.pipeline.options import Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
-from cbo.qubo.block_qubo import BlockQUBO
-
-# the depth estimator used when none is given, chosen from benchmarks/fidelity.py (BENCHMARKS.md): measured
-# single-block removal losses, whose validated excited states beat every baseline at M = 8 and 15 of 30 there
-DEFAULT_ESTIMATOR = "singles"
+from cbo.qubo.block_qubo import BlockQUBO, Constraints
 
 
 def depth_methods() -> list[str]:
@@ -92,31 +88,16 @@ def prune_depth(
     text: Any = None,
     *,
     remove: int = 8,
-    estimator: str = DEFAULT_ESTIMATOR,
-    loss: str = "kl",
-    solver: str = "auto",
-    top_k: int = 10,
-    validate: int = 10,
-    granularity: str = "layer",
     method: str = "cbo",
+    granularity: str = "layer",
     keep: Any = None,
     caps: dict[str, int] | None = None,
     budget_params: int | None = None,
-    seed: int = 0,
-    cache_dir: str | Path | bool | None = True,
-    n_calibration: int = 32,
-    n_validation: int = 32,
-    seq_len: int = 128,
-    batch_size: int = 8,
-    splits: Any = None,
-    estimator_options: dict[str, Any] | None = None,
-    solver_options: dict[str, Any] | None = None,
-    dtype: Any = None,
-    device: Any = "cpu",
-    progress: bool = True,
-    refine: float | None = None,
-    select: int | None = None,
-    select_options: Any = None,
+    data: Data | None = None,
+    estimate: Estimate | None = None,
+    search: Search | None = None,
+    run: Run | None = None,
+    **options: Any,
 ) -> DepthReport:
     """Remove ``remove`` blocks of a causal LM chosen by constrained binary optimization, validated on held-out text.
 
@@ -130,43 +111,44 @@ def prune_depth(
         tokenizer: the model's tokenizer (loaded with the model when ``model`` is a name).
         text: the text source (file, folder, .jsonl, list of strings, datasets object); None = the Austen novels.
         remove: M, the number of blocks to remove.
-        estimator, loss: Hessian estimator (``cbo.hessian.names()``; default ``singles``, measured single-block
-            removals; ``fisher`` is the cheapest) and loss (``"kl"`` or ``"ce"``).
-        solver: a registered solver name (``"auto"`` picks one).
-        top_k: how many low-energy states to rank; validate: how many of them to measure.
-        granularity: ``"layer"`` or ``"sublayer"`` (attention and MLP halves).
         method: ``"cbo"``, or a baseline of ``cbo.baselines`` (e.g. ``"block_influence"``).
+        granularity: ``"layer"`` or ``"sublayer"`` (attention and MLP halves).
         keep: blocks never removed (indices, names or kinds), e.g. ``[0, 29]`` or ``["mamba"]``.
         caps: at most this many removed blocks of a kind, e.g. ``{"attention": 4, "mlp": 2}`` (kinds of
             ``cbo.model.blocks.find_blocks``: ``attention``, ``mamba``, ``mlp``, ``moe``, combined ones such as
-            ``"mamba+mlp"`` for hybrid layers, whose parts may be capped at 0); budget_params: at most this many parameters removed. Both constrain the
-            solver (CBO only; the baselines rank without constraints).
-        seed: seeds data sampling, label sampling and randomized solvers.
-        cache_dir: where Hessians and measured validation losses are cached; True = ``CBO_HOME/cache``,
-            None/False = no cache.
-        n_calibration, n_validation, seq_len: windows per split and tokens per window.
-        splits: precomputed ``TokenSplits`` (then ``text`` and the window counts are not used).
-        estimator_options / solver_options: passed to the estimator / solver.
-        dtype, device: used when ``model`` is a name.
-        refine: a budget in forward-pass equivalents (one FPE: one full forward pass over one calibration
-            window) for refining the QUBO with measurements (``cbo.search.refine``): after the estimate, rounds of
-            proposals from the solver layer are measured on the calibration windows and the QUBO is refit on
-            them until the budget is spent; the measured sets with the lowest calibration loss are then the
-            candidates validated (``validate``). None (default): no refinement. The estimate and the validation
-            are paid as without it; ``report.work["refine"]`` holds the rounds' cost.
-        select, select_options: race the validated states on up to ``select`` fresh windows of the validation
-            documents before choosing (``cbo.pipeline.final_selection``; options: a
-            ``cbo.search.selection.SelectionOptions`` or a dict of its fields). None (default): the lowest
-            validation KL is chosen. ``report.selection`` holds every finalist's interval, ``report.work["selection"]``
-            the cost.
+            ``"mamba+mlp"`` for hybrid layers, whose parts may be capped at 0); budget_params: at most this many
+            parameters removed. Both constrain the solver (CBO only; the baselines rank without constraints).
+        data / estimate / search / run: the option groups of :mod:`cbo.pipeline.options`; their fields may be
+            given as flat keywords instead (``**options``), which replace the groups' ones:
+
+            * ``Data``: ``splits`` (precomputed ``TokenSplits``; then ``text`` and the window counts are not used),
+              ``n_calibration=32``, ``n_validation=32`` (windows per split), ``seq_len=128`` (tokens per window).
+            * ``Estimate``: ``estimator`` (``cbo.hessian.names()``; default ``singles``, measured single-block
+              removals; ``fisher`` is the cheapest), ``loss`` (``"kl"`` or ``"ce"``), ``estimator_options``.
+            * ``Search``: ``solver="auto"``, ``solver_options``, ``top_k=10`` (states ranked), ``validate=10``
+              (of them measured), ``refine``: a budget in forward-pass equivalents (one FPE: one full forward pass
+              over one calibration window) for the refinement rounds after the estimate (``cbo.search.refine``):
+              rounds of proposals from the solver layer are measured on the calibration windows and the QUBO is
+              refit on them until the budget is spent; the measured sets with the lowest calibration loss are then
+              the candidates validated. None (default): no refinement. The estimate and the validation are paid
+              as without it; ``report.work["refine"]`` holds the rounds' cost. ``select``, ``select_options``:
+              race the validated states on up to ``select`` fresh windows of the validation documents before
+              choosing (:mod:`cbo.pipeline.final_selection`; options: a ``cbo.search.selection.SelectionOptions``
+              or a dict of its fields). None (default): the lowest validation KL is chosen. ``report.selection``
+              holds every finalist's interval, ``report.work["selection"]`` the cost.
+            * ``Run``: ``seed=0`` (data sampling, label sampling, randomized solvers), ``batch_size=8``,
+              ``progress=True``, ``cache_dir=True`` (where Hessians and measured validation losses are cached;
+              True = ``CBO_HOME/cache``, None/False = no cache), ``device="cpu"`` and ``dtype`` (used when
+              ``model`` is a name).
 
     Returns:
-        A :class:`DepthReport`.
+        A :class:`DepthReport`; ``report.options`` holds the groups and the constraints as used.
 
     Example:
         >>> report = prune_depth("smollm2-135m", remove=8, validate=5, keep=[0])   # doctest: +SKIP
         >>> report.pruned_model.config.num_hidden_layers                          # doctest: +SKIP
         22
+        >>> prune_depth(model, tok, remove=4, search=Search(top_k=20), run=Run(seed=1))   # doctest: +SKIP
     """
     from cbo.evaluate import count_parameters
     from cbo.hessian import ESTIMATORS
@@ -175,23 +157,30 @@ def prune_depth(
     from cbo.model.families import resolve_caps
     from cbo.solvers import get as get_solver
 
+    data, estimate, search, run = option_groups(
+        options, who="prune_depth", data=data, estimate=estimate, search=search, run=run
+    )
+    if text is not None:
+        data = replace(data, text=text)
     timings: dict[str, float] = {}
     t_start = time.perf_counter()
     methods = depth_methods()
     if method not in methods:
         raise CBOError(f"unknown method {method!r}; valid methods: {methods}.")
-    for label, v, least in (("top_k", top_k, 1), ("validate", validate, 0)):
-        check_int(label, v, least)
-    refine = check_refine(refine, method, n_calibration if splits is None else len(splits.calibration))
-    select, select_options = check_select(select, select_options, method, validate)
+    for label, least in (("top_k", 1), ("validate", 0)):
+        check_int(label, getattr(search, label), lo=least, error=CBOError)
+    n_calibration = data.n_calibration if data.splits is None else len(data.splits.calibration)
+    search = replace(search, refine=check_refine(search.refine, method, n_calibration))
+    select, select_options = check_select(search.select, search.select_options, method, search.validate)
+    search = replace(search, select=select, select_options=select_options if select is not None else None)
     dtype, device = check_run_options(
-        seq_len=seq_len, n_calibration=n_calibration, n_validation=n_validation, batch_size=batch_size, seed=seed,
-        dtype=dtype, device=device, splits=splits,
+        seq_len=data.seq_len, n_calibration=data.n_calibration, n_validation=data.n_validation,
+        batch_size=run.batch_size, seed=run.seed, dtype=run.dtype, device=run.device, splits=data.splits,
     )  # fmt: skip
 
     t = time.perf_counter()
     model, tokenizer, model_label = model_and_tokenizer(
-        model, tokenizer, dtype=dtype, device=device, quiet=not progress
+        model, tokenizer, dtype=dtype, device=device, quiet=not run.progress
     )
     timings["load"] = time.perf_counter() - t
 
@@ -202,63 +191,61 @@ def prune_depth(
     remove = check_request(remove, blocks, keep_idx, caps, budget_params)
     if method != "cbo" and (caps or budget_params is not None):
         raise CBOError(f"caps and budget_params constrain CBO's solver; the baseline {method!r} does not take them.")
-    estimator_options = dict(estimator_options or {})
+    constraints = Constraints(keep=tuple(keep_idx), caps=dict(caps or {}), max_removed_params=budget_params)
     if method == "cbo":  # every option checked before the long work starts
-        cls = ESTIMATORS.get(estimator)
-        check_loss(loss)
+        cls = ESTIMATORS.get(estimate.estimator)
+        check_loss(estimate.loss)
+        estimator_options = dict(estimate.estimator_options)
         for name, value in (("remove", remove), ("keep", keep_idx)):
             if name in cls.target_options:
                 estimator_options.setdefault(name, value)
         ESTIMATORS.make_options(cls, estimator_options)
-        get_solver(solver)
-    hessian_cache, measure_cache = cache_dirs(cache_dir)
+        estimate = replace(estimate, estimator_options=estimator_options)
+        get_solver(search.solver)
+    hessian_cache, measure_cache = cache_dirs(run.cache_dir)
 
     t = time.perf_counter()
     splits = token_splits(
-        splits, tokenizer, text, model=model, seq_len=seq_len, n_calibration=n_calibration,
-        n_validation=n_validation, n_test=0, seed=seed, who="prune_depth",
+        data.splits, tokenizer, data.text, model=model, seq_len=data.seq_len, n_calibration=data.n_calibration,
+        n_validation=data.n_validation, n_test=0, seed=run.seed, who="prune_depth",
     )  # fmt: skip
+    validate = search.validate
     if splits.validation.shape[0] == 0 and (validate > 0 or method != "cbo"):
         raise CBOError("the validation split is empty; give n_validation >= 1 (or validate=0).")
     timings["data"] = time.perf_counter() - t
 
     qubo = states = None
+    work: dict[str, Any] = {}
     if method == "cbo":
-        qubo, states = _estimate_and_solve(
-            model, tokenizer, splits.calibration, blocks, keep_idx, remove, estimator, loss, solver, top_k, seed,
-            batch_size, hessian_cache, estimator_options, solver_options, progress, timings,
-            constraints={"caps": dict(caps or {}), "max_removed_params": budget_params},
+        qubo, states = estimate_and_solve(
+            model, tokenizer, splits.calibration, blocks, remove, constraints, estimate, search, run, hessian_cache,
+            timings,
         )  # fmt: skip
-        if refine is not None:
-            qubo, states, refine_work = refine_qubo(
-                model, blocks, splits.calibration, qubo, remove, refine, solver=solver,
-                solver_options=solver_options, seed=seed, cache=measure_cache, progress=progress,
-            )  # fmt: skip
-            timings["refine"] = refine_work.pop("wall_time")
+        work["estimate_fpe"] = qubo.metadata.get("fpe")
+        if search.refine is not None:
+            qubo, states, work["refine"] = refine_qubo(
+                model, blocks, splits.calibration, qubo, remove, search, run, measure_cache
+            )
+            timings["refine"] = work["refine"].pop("wall_time")
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
     else:
         from cbo.baselines import select_blocks
 
         t = time.perf_counter()
         chosen = select_blocks(
-            method, model, splits, remove, granularity=granularity, keep=keep_idx, batch_size=batch_size,
-            progress=progress,
+            method, model, splits, remove, granularity=granularity, keep=keep_idx, batch_size=run.batch_size,
+            progress=run.progress,
         )  # fmt: skip
         timings["select"] = time.perf_counter() - t
         candidates = [(None, sorted(int(i) for i in chosen), None)]
         validate = max(validate, 1)
 
     t = time.perf_counter()
-    validated, original_metrics, measured, work = [], {}, {}, {}
-    if qubo is not None:
-        work["estimate_fpe"] = qubo.metadata.get("fpe")
-    if refine is not None:
-        work["estimate_fpe"] = refine_work["prior_fpe"]
-        work["refine"] = refine_work
+    validated, original_metrics, measured = [], {}, {}
     if splits.validation.shape[0]:
         validation = validate_candidates(
-            model, blocks, splits.validation, candidates, validate, batch_size=batch_size, cache_dir=measure_cache,
-            progress=progress,
+            model, blocks, splits.validation, candidates, validate, batch_size=run.batch_size,
+            cache_dir=measure_cache, progress=run.progress,
         )  # fmt: skip
         validated, original_metrics, measured = validation.states, validation.original, validation.metrics
         work["validation"] = validation.work.to_json()
@@ -267,8 +254,8 @@ def prune_depth(
     if select is not None and validated:
         t = time.perf_counter()
         selection = select_final(
-            model, tokenizer, text, splits, blocks, validated, select, select_options, seed=seed,
-            batch_size=batch_size, cache_dir=measure_cache, progress=progress,
+            model, tokenizer, data.text, splits, blocks, validated, select, select_options, seed=run.seed,
+            batch_size=run.batch_size, cache_dir=measure_cache, progress=run.progress,
         )  # fmt: skip
         work["selection"], timings["selection"] = selection_work(selection), time.perf_counter() - t
         states.info["selection"] = selection.to_json()
@@ -296,8 +283,8 @@ def prune_depth(
         remove=remove,
         n_blocks=len(blocks),
         granularity=granularity,
-        estimator=estimator if method == "cbo" else None,
-        loss=loss if method == "cbo" else None,
+        estimator=estimate.estimator if method == "cbo" else None,
+        loss=estimate.loss if method == "cbo" else None,
         solver=(states.solver if states is not None else None),
         qubo=qubo,
         states=states,
@@ -312,54 +299,34 @@ def prune_depth(
         timings=timings,
         work=work,
         data_info=dict(getattr(splits, "info", {}) or {}),
-        options={
-            "top_k": top_k,
-            "validate": validate,
-            "keep": keep_idx,
-            "caps": dict(caps or {}),
-            "budget_params": budget_params,
-            "seed": seed,
-            "batch_size": batch_size,
-            "estimator_options": estimator_options,
-            "solver_options": solver_options or {},
-            "requested_solver": solver,
-            "refine": refine,
-            "select": select,
-            "select_options": dataclasses.asdict(select_options) if select is not None else None,
-        },
+        options=options_json(
+            data=data, estimate=estimate, search=replace(search, validate=validate), constraints=constraints, run=run
+        ),
         selection=selection.to_json() if selection is not None else None,
     )
 
 
-# the refinement loop's fidelities in prune_depth: proposals per round on LOW windows, PROMOTE of them on HIGH
-REFINE_LOW, REFINE_HIGH, REFINE_BATCH, REFINE_PROMOTE = 1, 16, 24, 4
-
-
-def refine_windows(n_calibration: int) -> tuple[int, int]:
-    """(low, high) fidelity windows of ``prune_depth``'s refinement for a calibration split of that size."""
-    high = min(REFINE_HIGH, n_calibration)
-    return min(REFINE_LOW, high), high
-
-
 def check_refine(refine: Any, method: str, n_calibration: int) -> float | None:
-    """The refine budget checked before any work: a positive FPE count that pays at least one round."""
+    """The refine budget checked before any work: a positive FPE count (for the rounds after the estimate) that
+    pays at least one round of :class:`cbo.search.options.RefineOptions`' defaults."""
+    from cbo.search.options import RefineOptions, check_budget
+
     if refine is None:
         return None
     if method != "cbo":
         raise InvalidOptionError(f"refine applies to method='cbo' only, got method={method!r}; drop refine.")
-    if not is_number(refine) or not math.isfinite(float(refine)) or float(refine) <= 0:
+    budget = check_budget(refine, "refine")
+    opts = RefineOptions()
+    n_pool = max(int(n_calibration), 1)
+    one_round = opts.round_cost(n_pool, first=True)  # the first round pays its windows' original passes
+    if budget < one_round:
+        low, high = opts.windows(n_pool)
         raise InvalidOptionError(
-            f"refine must be a budget in forward-pass equivalents > 0 (e.g. refine=300), got {refine!r}."
+            f"refine={refine!r} FPE cannot pay one round of refinement ({one_round:g} FPE with {n_calibration} "
+            f"calibration windows: {opts.batch} sets on {low} windows, {opts.promote} on {high}); give "
+            f"refine >= {one_round:g}."
         )
-    low, high = refine_windows(max(int(n_calibration), 1))
-    one_round = REFINE_BATCH * low + REFINE_PROMOTE * (high - low) + high  # the first round's windows' originals
-    if float(refine) < one_round:
-        raise InvalidOptionError(
-            f"refine={refine!r} FPE cannot pay one round of refinement ({one_round} FPE with {n_calibration} "
-            f"calibration windows: {REFINE_BATCH} sets on {low} windows, {REFINE_PROMOTE} on {high}); give "
-            f"refine >= {one_round}."
-        )
-    return float(refine)
+    return budget
 
 
 def refine_qubo(
@@ -368,33 +335,29 @@ def refine_qubo(
     calibration: Any,
     prior: BlockQUBO,
     remove: int,
-    budget: float,
-    *,
-    solver: str = "auto",
-    solver_options: dict[str, Any] | None = None,
-    seed: int = 0,
+    search: Search,
+    run: Run,
     cache: Path | None = None,
-    progress: bool = False,
 ) -> tuple[BlockQUBO, Any, dict[str, Any]]:
-    """``prior`` refined with measurements on the calibration windows (``cbo.search.refine.refine_search``).
+    """``prior`` refined with ``search.refine`` FPE of measurements on the calibration windows, through the one
+    model-side entry point of the loop (:func:`cbo.search.refine.refine`).
 
     Returns the refined QUBO, the ``RankedStates`` of the sets measured at high fidelity (lowest calibration KL
     first; these are the candidates to validate) and the work: the rounds' FPE, rounds, why it stopped. With a
     ``cache`` folder every round is checkpointed there, so an interrupted refinement resumes.
     """
     from cbo.data.windows import data_hash
-    from cbo.measure.executors import InProcessExecutor, Measurements
     from cbo.model.fingerprint import model_fingerprint
     from cbo.progress import progress_bar
-    from cbo.search.refine import refine_search
+    from cbo.search.refine import refine
 
     t = time.perf_counter()
-    low, high = refine_windows(int(calibration.shape[0]))
+    budget = float(search.refine)
     checkpoint = None
     if cache is not None:
-        key = f"{model_fingerprint(model)[:12]}-{data_hash(calibration)[:12]}-{blocks[0].kind}-M{remove}-s{seed}"
+        key = f"{model_fingerprint(model)[:12]}-{data_hash(calibration)[:12]}-{blocks[0].kind}-M{remove}-s{run.seed}"
         checkpoint = Path(cache) / "refine" / f"{key}.json"
-    bar = progress_bar(progress, total=int(budget), desc="refine", unit="FPE")
+    bar = progress_bar(run.progress, total=int(budget), desc="refine", unit="FPE")
 
     def report(info: dict[str, Any]) -> None:
         if bar is not None:
@@ -402,15 +365,14 @@ def refine_qubo(
             bar.set_postfix(round=info["round"], best_kl=f"{info['best']:.4g}", refresh=False)
             bar.refresh()
 
-    executor = InProcessExecutor(model, blocks, calibration)
+    prior_cost = float(prior.metadata.get("fpe") or 0.0)
     try:
-        r = refine_search(
-            Measurements(executor), prior, remove, budget=budget, low_windows=low, high_windows=high,
-            batch=REFINE_BATCH, promote=REFINE_PROMOTE, validate=1, solver=solver, solver_options=solver_options,
-            seed=seed, checkpoint=checkpoint, progress=report,
+        r = refine(
+            model, blocks, calibration, None, remove, budget=budget, prior=prior, prior_cost=prior_cost,
+            solver=search.solver, solver_options=search.solver_options, seed=run.seed, checkpoint=checkpoint,
+            progress=report,
         )  # fmt: skip
     finally:
-        executor.close()
         if bar is not None:
             bar.close()
     work = {
@@ -426,27 +388,21 @@ def refine_qubo(
     return r.qubo, r.states, work
 
 
-def _estimate_and_solve(
+def estimate_and_solve(
     model: Any,
     tokenizer: Any,
     calibration: Any,
     blocks: Sequence[Any],
-    keep: list[int],
     remove: int,
-    estimator: str,
-    loss: str,
-    solver: str,
-    top_k: int,
-    seed: int,
-    batch_size: int,
+    constraints: Constraints,
+    estimate: Estimate,
+    search: Search,
+    run: Run,
     cache: Path | None,
-    estimator_options: dict[str, Any],
-    solver_options: dict[str, Any] | None,
-    progress: bool,
     timings: dict[str, float],
-    constraints: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
-    """The QUBO of the calibration windows (cached) and its ``top_k`` ranked states with ``remove`` blocks removed."""
+    """The QUBO of the calibration windows (cached), under ``constraints``, and its ``search.top_k`` ranked states
+    with ``remove`` blocks removed; ``timings`` gets the seconds of the two steps."""
     from cbo.hessian import estimate_hessian
     from cbo.model.forward import torch_threads_kept
     from cbo.solvers import solve
@@ -456,22 +412,26 @@ def _estimate_and_solve(
         model,
         tokenizer,
         calibration,
-        estimator=estimator,
-        loss=loss,
+        estimator=estimate.estimator,
+        loss=estimate.loss,
         blocks=blocks,
-        batch_size=batch_size,
-        seed=seed,
+        batch_size=run.batch_size,
+        seed=run.seed,
         cache_dir=cache,
-        progress=progress,
-        **estimator_options,
+        progress=run.progress,
+        **estimate.estimator_options,
     )
     timings["hessian"] = time.perf_counter() - t
-    extra = {k: v for k, v in (constraints or {}).items() if v}
-    if keep or extra:
-        qubo = qubo.with_constraints(keep=keep, **extra)
+    extra = {
+        k: v for k, v in (("caps", dict(constraints.caps)), ("max_removed_params", constraints.max_removed_params)) if v
+    }
+    if constraints.keep or extra:
+        qubo = qubo.with_constraints(keep=list(constraints.keep), **extra)
     t = time.perf_counter()
     with torch_threads_kept():
-        states = solve(qubo, remove, solver, k=top_k, seed=seed, progress=progress, **(solver_options or {}))
+        states = solve(
+            qubo, remove, search.solver, k=search.top_k, seed=run.seed, progress=run.progress, **search.solver_options
+        )
     timings["solve"] = time.perf_counter() - t
     return qubo, states
 

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from cbo.errors import InfeasibleError, UnknownNameError
 from cbo.model.blocks import decoder_layers
 from cbo.model.forward import torch_threads_kept
+from cbo.pipeline.options import DEFAULT_ESTIMATOR
 from cbo.width.mop import DepthProposer, antepenultimate
 
 DEPTH_METHODS = ("none", "cbo", "antepenultimate")
@@ -64,7 +65,7 @@ class CBOProposer:
     """
 
     name: ClassVar[str] = "cbo"
-    estimator: str = "fisher"
+    estimator: str = DEFAULT_ESTIMATOR
     solver: str = "enumerate"
     batch_size: int = 4
     seed: int = 0
@@ -108,7 +109,7 @@ class CBOProposer:
 def depth_proposer(
     method: str,
     *,
-    estimator: str = "fisher",
+    estimator: str = DEFAULT_ESTIMATOR,
     solver: str = "enumerate",
     batch_size: int = 4,
     seed: int = 0,

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from cbo.errors import CBOError, CorruptFileError
 from cbo.jsonable import json_number, jsonable
+from cbo.pipeline.options import upgrade_options
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.qubo.states import RankedStates
 
@@ -200,6 +201,8 @@ class DepthReport(Report):
             windows) and the validation (:class:`cbo.measure.measurer.Work`, relative to the validation windows);
             ``work["selection"]``: the final selection's race (one FPE per window), when it ran.
         selection: the race's record (``cbo.search.selection.Selection.to_json``): every finalist's interval.
+        options: the options as used, one dict per group of :mod:`cbo.pipeline.options`: ``{"data", "estimate",
+            "search", "constraints", "run"}`` (a report written before the groups is read into this form).
     """
 
     format: ClassVar[str] = "cbo.depthreport"
@@ -306,7 +309,7 @@ class DepthReport(Report):
             timings={k: float(v) for k, v in data["timings_s"].items()},
             work=dict(data.get("work") or {}),
             data_info=dict(data.get("data") or {}),
-            options=dict(data.get("options") or {}),
+            options=upgrade_options(dict(data.get("options") or {})),
             selection=data.get("selection"),
         )
 

@@ -343,19 +343,13 @@ def heal(
     loss: str | None = None,
     lr: float | None = None,
     batch_size: int = 4,
-    temperature: float = 1.0,
-    schedule: str = "linear",
-    warmup: int = 0,
-    lora_rank: int = 8,
-    lora_alpha: float | None = None,
-    weight_decay: float = 0.0,
-    grad_clip: float = 1.0,
     checkpoint_dir: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     resume: bool = False,
     seed: int = 0,
     progress: bool = False,
     on_step: Callable[[int, float], None] | None = None,
+    **options: Any,
 ) -> HealResult:
     """Heal a pruned ``student`` with ``steps`` optimizer steps on ``windows``; returns a :class:`HealResult`.
 
@@ -367,9 +361,7 @@ def heal(
         method: ``"lora"`` (adapters merged at the end; needs peft) or ``"full"`` (every parameter).
         loss: ``"kd"`` (default with a teacher) or ``"lm"`` (default without).
         lr: peak learning rate (default :data:`DEFAULT_LR` of the method); ``schedule`` and ``warmup`` shape it.
-        temperature: of the distillation loss.
-        lora_rank / lora_alpha: LoRA's rank and scale (default alpha ``2 * rank``).
-        weight_decay / grad_clip: AdamW's decoupled weight decay; maximum gradient norm (0: none).
+        batch_size: windows per step.
         checkpoint_dir: folder of the resumable state (None: no checkpoints).
         checkpoint_every: steps between checkpoints (default a tenth of ``steps``).
         resume: continue from the checkpoint in ``checkpoint_dir`` (a fresh start, with a warning, when there is
@@ -377,6 +369,10 @@ def heal(
         seed: decides the batch order.
         progress: a progress bar with the running loss.
         on_step: called as ``on_step(step, loss)`` after every step (1-based).
+        **options: the other fields of :class:`HealOptions`: ``temperature`` (of the distillation loss),
+            ``schedule`` (``"linear"``, ``"constant"``, ``"cosine"``) and ``warmup`` (steps), ``lora_rank`` /
+            ``lora_alpha`` (LoRA's rank and scale, default alpha ``2 * rank``), ``weight_decay`` (AdamW's, decoupled)
+            and ``grad_clip`` (maximum gradient norm; 0: none).
 
     Raises:
         InvalidOptionError: a bad option, or a checkpoint of a different heal; before any training.
@@ -394,14 +390,8 @@ def heal(
         loss=loss,
         lr=lr,
         batch_size=batch_size,
-        temperature=temperature,
-        schedule=schedule,
-        warmup=warmup,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        weight_decay=weight_decay,
-        grad_clip=grad_clip,
         seed=seed,
+        **options,
     )
     if opts.loss == "kd" and teacher is None:
         raise InvalidOptionError("loss='kd' distils from a teacher; pass the unpruned model as teacher, or loss='lm'")

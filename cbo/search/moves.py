@@ -3,6 +3,8 @@
 A move removes one kept unit of a kind and restores one removed unit of the same kind, so the number removed of
 every kind stays what the parent had. A mutation makes ``min(U{1..m}, U{1..m})`` such moves (EvoPress's
 operator: mostly one or two swaps, at most ``m``), each of a kind drawn uniformly among the kinds that can move.
+A jump makes exactly ``s`` distinct swaps (no unit moved twice): a set ``2 s`` away in Hamming distance, where the
+refinement loop restarts once its local search has stalled.
 
 Example:
     >>> import numpy as np
@@ -70,4 +72,23 @@ class SwapMoves:
             back = gone[int(self.rng.integers(len(gone)))]
             removed.add(add)
             removed.discard(back)
+        return tuple(sorted(removed))
+
+    def jump(self, parent: Sequence[int], swaps: int) -> tuple[int, ...]:
+        """``swaps`` distinct swaps of ``parent`` (no unit moved twice; fewer where a kind runs out of units): a set
+        ``2 * swaps`` away from it in Hamming distance, every count kept."""
+        start = set(int(i) for i in parent)
+        removed = set(start)
+        for _ in range(swaps):
+            options = []
+            for units in self.units.values():
+                kept = [i for i in units if i not in start and i not in removed]
+                gone = [i for i in units if i in start and i in removed]
+                if kept and gone:
+                    options.append((kept, gone))
+            if not options:
+                break
+            kept, gone = options[int(self.rng.integers(len(options)))]
+            removed.add(kept[int(self.rng.integers(len(kept)))])
+            removed.discard(gone[int(self.rng.integers(len(gone)))])
         return tuple(sorted(removed))

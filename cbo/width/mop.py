@@ -169,6 +169,11 @@ class PathCriterion:
 # ------------------------------------------------------------------------------------------ the scheduler
 
 
+# the width step's options mixture_of_pruners passes on (cbo.width.prune.width_prune), with their defaults
+WIDTH_OPTIONS = {"gqa": "group", "gamma": None, "round_to": 8, "allocation": None, "score_options": None}
+MAX_STEPS = 1000  # path steps at most (a guard: each step removes at least a chunk of the budget)
+
+
 def check_mop_options(criterion: str, recovery: str = "lora") -> None:
     """Raise :class:`InvalidOptionError` for an unknown path criterion or recovery method."""
     if criterion not in CRITERIA:
@@ -192,11 +197,6 @@ def mixture_of_pruners(
     criterion: str = "kl",
     depth_proposer: DepthProposer | None = antepenultimate,
     width_score: str = "amp",
-    gqa: str = "group",
-    gamma: float | None = None,
-    round_to: int = 8,
-    allocation: str | None = None,
-    score_options: dict[str, Any] | None = None,
     recovery_steps: int = 0,
     final_recovery_steps: int = 0,
     recovery: str = "lora",
@@ -204,8 +204,8 @@ def mixture_of_pruners(
     batch_size: int = 4,
     seed: int = 0,
     ref_logprobs: Any = None,
-    max_steps: int = 1000,
     progress: bool = False,
+    **width_options: Any,
 ) -> MoPResult:
     """Prune ``model`` to ``ratio`` of its parameters removed by a path of depth and width steps.
 
@@ -224,6 +224,8 @@ def mixture_of_pruners(
         recovery_steps / final_recovery_steps: optimizer steps after each candidate / at the end (0 = none).
         recovery: ``lora`` (peft) or ``full``.
         ref_logprobs: the original's log-probs on ``control`` (computed when omitted; used by ``kl``).
+        **width_options: the width step's options of :func:`cbo.width.prune.width_prune`: ``gqa="group"``,
+            ``gamma``, ``round_to=8``, ``allocation`` and ``score_options``.
 
     Returns:
         A :class:`MoPResult` with the pruned model and the recorded path.
@@ -234,7 +236,11 @@ def mixture_of_pruners(
         ...                        depth_proposer=depth_proposer("cbo"))                  # doctest: +SKIP
     """
     check_mop_options(criterion, recovery)
-    check_width_options(width_score, score_options, gqa, allocation)
+    unknown = sorted(set(width_options) - set(WIDTH_OPTIONS))
+    if unknown:
+        raise InvalidOptionError(f"mixture_of_pruners has no option(s) {unknown}; width options: {list(WIDTH_OPTIONS)}")
+    width_options = {**WIDTH_OPTIONS, **width_options}
+    check_width_options(width_score, width_options["score_options"], width_options["gqa"], width_options["allocation"])
     if depth_proposer is not None and not callable(depth_proposer):
         raise InvalidOptionError(
             f"depth_proposer must be a callable (model, calibration) -> layer or None, or None; got {depth_proposer!r}"
@@ -248,15 +254,7 @@ def mixture_of_pruners(
     target = int(round(ratio * p0))
     judge = PathCriterion(criterion, model, control, batch_size, ref_logprobs) if criterion != "random" else None
     rng = np.random.default_rng(seed)
-    width_options = dict(
-        score=width_score,
-        gqa=gqa,
-        gamma=gamma,
-        round_to=round_to,
-        allocation=allocation,
-        score_options=score_options,
-        batch_size=batch_size,
-    )
+    width_options = dict(score=width_score, batch_size=batch_size, **width_options)
 
     def width_step(base: Any, budget: int) -> tuple[Any, int]:
         pruned, alloc = width_prune(
@@ -272,7 +270,7 @@ def mixture_of_pruners(
     current = model
     path: list[MoPStep] = []
     bar = progress_bar(progress, total=target, desc="MoP", unit="param")
-    for step in range(max_steps):
+    for step in range(MAX_STEPS):
         t0 = time.perf_counter()
         before = count_parameters(current)
         remaining = target - (p0 - before)

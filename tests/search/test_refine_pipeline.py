@@ -44,7 +44,7 @@ def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_wi
     assert work["budget"] == 2000 and 0 < work["fpe"] <= 2000 + splits.calibration.shape[0]
     assert work["rounds"] >= 1 and work["stopped"] in ("exhausted", "converged", "budget")
     assert refined.work["estimate_fpe"] == plain.work["estimate_fpe"]
-    assert refined.options["refine"] == 2000 and plain.options["refine"] is None
+    assert refined.options["search"]["refine"] == 2000 and plain.options["search"]["refine"] is None
     assert "refine" in refined.timings
     assert refined.qubo.metadata["estimator"] == "refine"
     again = json.loads(json.dumps(refined.to_json()))  # the report stays JSON
@@ -95,7 +95,7 @@ def test_cli_prune_refine(tiny_model, tmp_path, monkeypatch):
     res = runner.invoke(app, [*args, "--refine", "400", "--json", *small])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
-    assert report["options"]["refine"] == 400 and report["work"]["refine"]["rounds"] >= 1
+    assert report["options"]["search"]["refine"] == 400 and report["work"]["refine"]["rounds"] >= 1
     assert len(report["chosen"]["removed"]) == 2
 
     for bad in ("0", "-3", "10"):
