@@ -182,7 +182,7 @@ class RefineLoop:
         """``(proposals, promoted)`` of the next round: the batch (enlarged to the round floor where measurements
         are cheap), cut to what the budget has left."""
         o, m = self.options, self.measurements
-        per_pair = m.fpe / m.pairs if m.pairs else 1.0
+        per_pair = m.fpe / m.pairs if m.pairs and m.fpe > 0 else 1.0
         low, extra = len(self.lo_ids), len(self.hi_ids) - len(self.lo_ids)
         base = per_pair * (o.batch * low + o.promote * extra)
         scale = max(1.0, o.round_floor * self.budget / base) if base > 0 else 1.0
