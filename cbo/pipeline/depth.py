@@ -158,7 +158,7 @@ def prune_depth(
     from cbo.solvers import get as get_solver
 
     data, estimate, search, run = option_groups(
-        options, who="prune_depth", data=data, estimate=estimate, search=search, run=run
+        options, who="prune_depth", unused=("n_test",), data=data, estimate=estimate, search=search, run=run
     )
     if text is not None:
         data = replace(data, text=text)

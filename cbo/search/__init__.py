@@ -1,1 +1,2 @@
-"""Search over removal sets: the refine loop (measure -> refit -> solve), its surrogate and moves."""
+"""Search over removal sets: the refine loop (refit -> propose -> measure, ``refine.py``), its options
+(``options.py``), its prior, surrogate and moves."""
