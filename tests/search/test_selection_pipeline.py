@@ -75,7 +75,7 @@ def test_prune_depth_races_the_validated_states(tiny_model, novel_folder, tokeni
     assert work["fpe"] > sel["windows"]  # the originals of the windows, and the finalists
     assert work["tokens"] == 16 * sel["windows"] and "selection" in report.timings
     assert report.states.info["selection"] == sel
-    assert report.options["select"] == 40 and report.options["select_options"]["first"] == 8
+    assert report.options["search"]["select"] == 40 and report.options["search"]["select_options"]["first"] == 8
     loaded = DepthReport.from_json(json.loads(json.dumps(report.to_json())))
     assert loaded.selection == json.loads(json.dumps(sel))
     assert loaded.states.info["selection"]["stopped"] == sel["stopped"]
@@ -123,7 +123,7 @@ def test_cli_prune_select(tiny_model, tmp_path, monkeypatch, novel_folder, token
     res = runner.invoke(app, [*args, "--select", "40", "--select-criterion", "kl", "--json", *small])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
-    assert report["selection"]["criterion"] == "kl" and report["options"]["select"] == 40
+    assert report["selection"]["criterion"] == "kl" and report["options"]["search"]["select"] == 40
     assert report["selection"]["chosen"] == report["chosen"]["removed"]
 
     res = runner.invoke(app, [*args, "--select", "40", *small], terminal_width=200)
