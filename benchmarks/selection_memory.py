@@ -91,7 +91,7 @@ def markdown(result: dict) -> str:
     )
 
 
-def main() -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = C.parser(__doc__, out=NAME, seed=0)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--remove", type=int, default=4)
@@ -99,25 +99,28 @@ def main() -> None:
     p.add_argument("--criterion", default="ce", choices=("ce", "kl"))
     p.add_argument("--select", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--cache", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.select is not None:
+    return p.parse_args(argv)
+
+
+def run(r: C.Run) -> dict | None:
+    args = r.args
+    if args.select is not None:  # one measured run in its own process
         child(args)
-        return
-    out = C.out_dir(args)
-    cache = out / "cache"
+        return None
     forwarded = ["--model", args.model, "--remove", str(args.remove), "--seed", str(args.seed)]
-    forwarded += ["--criterion", args.criterion, "--cache", str(cache)]
+    forwarded += ["--criterion", args.criterion, "--cache", str(r.out / "cache")]
     if args.threads:
         forwarded += ["--threads", str(args.threads)]
     runs = []
     for budget in [0] + [int(b) for b in C.split_list(args.budgets)]:
-        run = C.run_in_process(NAME, *forwarded, "--select", str(budget))
-        print(json.dumps(run), flush=True)
-        runs.append(run)
-    result = {"model": args.model, "remove": args.remove, "runs": runs, "machine": C.machine_line()}
-    text = markdown(result)
-    C.write_outputs(out, NAME, result, text)
-    print(text)
+        measured = C.run_in_process(NAME, *forwarded, "--select", str(budget))
+        print(json.dumps(measured), flush=True)
+        runs.append(measured)
+    return {"model": args.model, "remove": args.remove, "runs": runs, "machine": C.machine_line()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    C.main(NAME, parse, run, markdown, argv=argv, torch=False, show=True)
 
 
 if __name__ == "__main__":
