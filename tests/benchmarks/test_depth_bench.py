@@ -296,3 +296,18 @@ def test_nested_paper_sizes_equal_the_estimator_on_each_prefix(tmp_path):
             np.testing.assert_allclose(H, direct.H, rtol=1e-10, atol=1e-14)
     with pytest.raises(ValueError, match="multiples of batch_size"):
         P.paper_qubos(model, None, pool, [3], tmp_path, batch_size=2, progress=False)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_final_choice_quick(installed, tmp_path):
+    run_script("final_choice", "--quick", "--threads", "1", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "final_choice.json").read_text())
+    (row,) = data["rows"]
+    assert row["remove"] == 2 and len(row["default"]) == len(row["raced"]) == 2
+    assert row["selection"]["chosen"] == row["raced"] and row["fpe"]["raced"] > row["fpe"]["default"]
+    austen = row["test"]["austen"]
+    ratio, low, high = austen["ratio"]
+    assert austen["windows"] == 8 and low <= ratio <= high
+    assert math.isclose(ratio, austen["raced_ppl"] / austen["default_ppl"], rel_tol=1e-9)
+    assert (tmp_path / "final_choice.md").read_text().startswith("# The final choice")
