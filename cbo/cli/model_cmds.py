@@ -199,6 +199,9 @@ def prune(
     except CBOError as exc:
         locks.close()
         fail(exc)
+    from cbo.pipeline.options import Data
+
+    data = Data(n_calibration=n_calibration, n_validation=n_validation, seq_len=seq_len)
     with locks:
         if width is not None:
             if remove is not None:
@@ -214,9 +217,7 @@ def prune(
                 fail(CBOError("--select races depth candidates; it does not apply to --width. Drop --select."))
             if ratio is None:
                 fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
-            _prune_width(
-                model, width, ratio, ratio_of, text, n_calibration, n_validation, seq_len, seed, out, as_json, quiet
-            )
+            _prune_width(model, width, ratio, ratio_of, text, data, seed, out, as_json, quiet)
             return
         remove = 8 if remove is None else remove
         try:
@@ -251,9 +252,7 @@ def prune(
                 budget_params=budget_params,
                 seed=seed,
                 cache_dir=cache,
-                n_calibration=n_calibration,
-                n_validation=n_validation,
-                seq_len=seq_len,
+                data=data,
                 batch_size=batch_size,
                 estimator_options=opts,
                 progress=not quiet,
@@ -396,9 +395,7 @@ def _prune_width(
     ratio: float,
     ratio_of: str,
     text: Optional[Path],
-    n_calibration: int,
-    n_validation: int,
-    seq_len: int,
+    data: Any,
     seed: int,
     out: Optional[Path],
     as_json: bool,
@@ -419,9 +416,7 @@ def _prune_width(
             width=width or "taylor",
             depth="none",
             scheduler="oneshot",
-            seq_len=seq_len,
-            n_calibration=n_calibration,
-            n_validation=n_validation,
+            **{k: getattr(data, k) for k in ("n_calibration", "n_validation", "seq_len")},  # compress's own n_test
             measure_speed=not as_json,
             out=out,
             seed=seed,

@@ -50,19 +50,24 @@ def _brute(q, m, k=10):
     return np.sort(q.energy(X))[:k]
 
 
+def stop_after(n: int, seen: list):
+    """A cell callback that records each cell's key and raises once ``n`` cells are done (an interrupted sweep)."""
+
+    def stop(record):
+        seen.append(record["key"])
+        if len(seen) == n:
+            raise RuntimeError("interrupted")
+
+    return stop
+
+
 def test_interrupted_sweep_resumes_and_computes_each_cell_once(tmp_path, counted):
     cells = make_grid(INSTANCES, ["enumerate", "swap-tabu"], removes=[3, 5], seeds=[0, 1])
     assert len(cells) == 2 * 2 * (1 + 2 * 2)  # instance × M × (reference + solvers × seeds)
     out = tmp_path / "sweep.jsonl"
     seen = []
-
-    def stop_after_two(record):
-        seen.append(record["key"])
-        if len(seen) == 2:
-            raise RuntimeError("interrupted")
-
     with pytest.raises(RuntimeError, match="interrupted"):
-        run_sweep(cells, out, on_cell=stop_after_two)
+        run_sweep(cells, out, on_cell=stop_after(2, seen))
     assert len(read_records(out)) == 2 and sum(counted.values()) == 2
     records = run_sweep(cells, out)
     assert sorted(counted) == sorted(c.key for c in cells)
@@ -229,14 +234,8 @@ def test_ray_sweep_matches_local_and_resumes(ray_local, tmp_path):
     local = {r["key"]: r for r in run_sweep(cells, tmp_path / "local.jsonl")}
     out = tmp_path / "ray.jsonl"
     seen = []
-
-    def stop_after_two(record):
-        seen.append(record["key"])
-        if len(seen) == 2:
-            raise RuntimeError("interrupted")
-
     with pytest.raises(RuntimeError, match="interrupted"):
-        run_sweep(cells, out, backend="ray", on_cell=stop_after_two)
+        run_sweep(cells, out, backend="ray", on_cell=stop_after(2, seen))
     first = read_records(out)
     assert 2 <= len(first) <= len(cells)  # cells already finished on the workers are kept too
     records = run_sweep(cells, out, backend="ray")

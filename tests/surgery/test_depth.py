@@ -52,6 +52,18 @@ def _zero_branches_by_hooks(model, halves):
     return hooks
 
 
+def _check_saved_reloaded(pruned, x, folder, new_tokens: int):
+    """Save ``pruned``, reload it with ``load_pruned``: the same logits, and cached greedy generation equal to
+    generation without a cache. Returns the reloaded model."""
+    pruned.save_pretrained(folder)
+    reloaded = load_pruned(folder)
+    assert torch.equal(_logits(reloaded, x), _logits(pruned, x))
+    prompt = x[:1, :6]
+    generated = reloaded.generate(prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    assert torch.equal(generated, _greedy_without_cache(reloaded, prompt, new_tokens))
+    return reloaded
+
+
 def _greedy_without_cache(model, prompt, n):
     """Greedy decoding by full forward passes (no KV cache), stopping at the end-of-text token like generate."""
     eos = model.generation_config.eos_token_id
@@ -121,12 +133,7 @@ def test_more_architectures(tiny_model, tiny_windows, arch, tmp_path):
             h.remove()
     pruned = remove_sublayers(remove_blocks(model, [1]), [(0, "attn"), (1, "mlp")])
     torch.testing.assert_close(_logits(pruned, x), expected, atol=1e-5, rtol=1e-5)
-    pruned.save_pretrained(tmp_path)
-    reloaded = load_pruned(tmp_path)
-    assert torch.equal(_logits(reloaded, x), _logits(pruned, x))
-    prompt = x[:1, :6]
-    generated = reloaded.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    assert torch.equal(generated, _greedy_without_cache(reloaded, prompt, 4))
+    _check_saved_reloaded(pruned, x, tmp_path, 4)
 
 
 def test_repeated_removal_tracks_original_indices(tiny_model):
@@ -198,12 +205,7 @@ def test_zeroed_halves_save_reload_and_generate(tiny_model, tiny_windows, any_ar
     model = tiny_model(any_arch, n_layers=4)
     x = tiny_windows(model, n=2, seq_len=12)
     pruned = remove_sublayers(model, [(0, "attn"), (2, "mlp")])  # layer 0: the cache length is read there
-    pruned.save_pretrained(tmp_path)
-    reloaded = load_pruned(tmp_path)
-    assert torch.equal(_logits(reloaded, x), _logits(pruned, x))
-    prompt = x[:1, :6]
-    generated = reloaded.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
-    assert torch.equal(generated, _greedy_without_cache(reloaded, prompt, 5))
+    _check_saved_reloaded(pruned, x, tmp_path, 5)
     # plain from_pretrained + restore gives the same model
     plain = restore_zeroed_sublayers(transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval())
     assert torch.equal(_logits(plain, x), _logits(pruned, x))
