@@ -79,6 +79,9 @@ class RefineResult:
     stopped: str = "budget"
 
 
+LOOP_KEYWORDS = ("budget", "solver", "solver_options", "seed", "checkpoint", "progress")  # RefineLoop's own
+
+
 class RefineLoop:
     """The loop over a measuring callable, one round at a time: :meth:`refit`, :meth:`propose`, :meth:`measure`.
 
@@ -400,34 +403,26 @@ def refine_search(
     prior: BlockQUBO,
     remove: int,
     *,
-    budget: float,
     options: RefineOptions | None = None,
     validate_fn: Callable[[list[SetKey]], tuple[np.ndarray, float]] | None = None,
     prior_cost: float = 0.0,
-    solver: str = "auto",
-    solver_options: dict[str, Any] | None = None,
-    seed: int = 0,
-    checkpoint: str | Path | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
-    **flat: Any,
+    **keywords: Any,
 ) -> RefineResult:
     """The loop over a measuring callable (see :func:`refine` for the model-side entry point): :class:`RefineLoop`
     run to its stop, then its result.
 
     Args:
-        measure, prior, remove, solver, solver_options, seed, checkpoint, progress: as in :class:`RefineLoop`.
-        budget: FPE for the rounds, the measurements after the prior (``prior_cost`` and the validation are paid
-            apart and reported in ``cost``).
-        options: :class:`RefineOptions`; ``**flat``: its fields as keywords (``batch=12``), replacing the
-            ``options``' ones.
+        measure, prior, remove: as in :class:`RefineLoop`.
+        options: :class:`RefineOptions`.
         validate_fn: ``validate_fn(sets) -> (per-set loss, fpe spent)`` on validation windows (None: choose by
             calibration loss).
         prior_cost: FPE already spent on the prior (reported).
+        keywords: :class:`RefineLoop`'s own (``budget``, the FPE of the rounds, required; ``solver``,
+            ``solver_options``, ``seed``, ``checkpoint``, ``progress``), and :class:`RefineOptions` fields
+            (``batch=12``) that replace the ``options``' ones.
     """
-    loop = RefineLoop(
-        measure, prior, remove, budget=budget, options=RefineOptions.build(options, **flat), solver=solver,
-        solver_options=solver_options, seed=seed, checkpoint=checkpoint, progress=progress,
-    )  # fmt: skip
+    own = {k: keywords.pop(k) for k in LOOP_KEYWORDS if k in keywords}
+    loop = RefineLoop(measure, prior, remove, options=RefineOptions.build(options, **keywords), **own)
     stopped = loop.run()
     return loop.result(stopped, validate_fn, prior_cost)
 

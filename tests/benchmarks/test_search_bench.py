@@ -53,7 +53,9 @@ def test_quick_run_writes_its_outputs_and_obeys_its_rules(installed, tmp_path):
                 assert n_removed == spec["remove"]
             assert e["test_ppl"] > entry["original_test_ppl"] * 0.99
         refine = entry["runs"]["refine"]
-        assert refine["fpe"] <= refine["info"]["budget"] + 1e-6
+        cost = refine["info"]["cost"]  # the budget counts the rounds; the prior and the validation are paid apart
+        assert cost["rounds"] <= refine["info"]["budget"] + 1e-6
+        assert refine["fpe"] == pytest.approx(sum(cost.values()))
         assert refine["removed"] in refine["validation"]["removed"]  # chosen among the validated sets
         assert set(entry["ratios"]) >= {m for m in evals if m != "refine"}
     assert (out / "search-layer-3-s0.png").exists()

@@ -29,11 +29,13 @@ def test_antepenultimate_takes_the_layers_before_the_last_two(setup):
         rule.layers(model, calib, 4)
 
 
-def _ground_state(model, calib, n: int) -> list[int]:
-    """The lowest-energy removal set of the KL QUBO with the first and last layer kept, by brute force."""
+def _ground_state(model, calib, n: int, proposer: CBOProposer) -> list[int]:
+    """The lowest-energy removal set of the proposer's KL QUBO with the first and last layer kept, by brute force."""
     from cbo.hessian import estimate_hessian
 
-    qubo = estimate_hessian(model, None, calib, estimator="fisher", loss="kl", granularity="layer", batch_size=4)
+    qubo = estimate_hessian(
+        model, None, calib, estimator=proposer.estimator, loss="kl", granularity="layer", batch_size=4, seed=proposer.seed
+    )
     best = None
     for removed in itertools.combinations(range(1, qubo.n - 1), n):
         x = np.zeros(qubo.n)
@@ -48,7 +50,7 @@ def _ground_state(model, calib, n: int) -> list[int]:
 def test_cbo_proposer_returns_the_qubo_ground_state(setup, n):
     model, calib = setup
     proposer = CBOProposer(solver="enumerate")
-    expected = _ground_state(model, calib, n)
+    expected = _ground_state(model, calib, n, proposer)
     assert proposer.layers(model, calib, n) == expected
     if n == 1:
         assert proposer(model, calib) == expected[0]
