@@ -89,7 +89,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
         "default": sets[0],
         "raced": sets[1],
         "selection": raced.selection,
-        "fpe": {"default": fpe_of(default.work), "raced": fpe_of(raced.work)},
+        "fpe": {"default": default.work["total_fpe"], "raced": raced.work["total_fpe"]},
         "test": {},
     }
     for domain, windows in test_sets(args, tokenizer, splits, model).items():
@@ -104,14 +104,6 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
         }
     print(json.dumps(row), flush=True)
     return row
-
-
-def fpe_of(work: dict[str, Any]) -> float:
-    """Everything a report's work charged, in FPE (estimate, validation, selection)."""
-    total = float(work.get("estimate_fpe") or 0.0)
-    for key in ("validation", "selection", "refine"):
-        total += float((work.get(key) or {}).get("fpe") or 0.0)
-    return total
 
 
 def run(r: C.Run) -> dict[str, Any]:

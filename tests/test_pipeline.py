@@ -93,6 +93,9 @@ def test_validation_copies_no_model_and_only_the_choice_is_removed(tiny_model, t
     assert work["original_passes"] == 1 and work["full_passes"] == 0 and work["sets"] == 5
     assert 1 < work["fpe"] < 1 + 5
     assert report.work["estimate_fpe"] == report.qubo.metadata["fpe"]
+    # the total in the one unit of a budget (one forward over one window): the pool-relative figures scaled
+    per_window = report.qubo.metadata["fpe"] * 4 + work["fpe"] * 4  # _splits: 4 calibration, 4 validation windows
+    assert report.work["total_fpe"] == pytest.approx(per_window, abs=0.02) and report.work["total_fpe"] > 4
 
 
 def test_sublayer_validation_equals_the_surgically_pruned_models(tiny_model, tiny_windows):

@@ -259,6 +259,7 @@ def prune_depth(
         )  # fmt: skip
         work["selection"], timings["selection"] = selection_work(selection), time.perf_counter() - t
         states.info["selection"] = selection.to_json()
+    work["total_fpe"] = total_fpe(work, splits.calibration.shape[0], splits.validation.shape[0])
     if validated:
         best = min(validated, key=lambda v: (v.kl if math.isfinite(v.kl) else math.inf, v.rank or 0))
         if selection is not None:  # the race's choice
@@ -365,7 +366,7 @@ def refine_qubo(
             bar.set_postfix(round=info["round"], best_kl=f"{info['best']:.4g}", refresh=False)
             bar.refresh()
 
-    prior_cost = float(prior.metadata.get("fpe") or 0.0)
+    prior_cost = float(prior.metadata.get("fpe") or 0.0) * int(calibration.shape[0])  # per window, as the rounds
     try:
         r = refine(
             model, blocks, calibration, None, remove, budget=budget, prior=prior, prior_cost=prior_cost,
@@ -386,6 +387,19 @@ def refine_qubo(
         "wall_time": time.perf_counter() - t,
     }
     return r.qubo, r.states, work
+
+
+def total_fpe(work: dict[str, Any], n_calibration: int, n_validation: int) -> float:
+    """Everything ``work`` charged, in the one unit of a budget (one FPE: one full forward pass over one window).
+
+    The estimate's and the validation's FPE count passes over all their windows; the refinement's rounds and the
+    final selection count per window already.
+    """
+    total = float(work.get("estimate_fpe") or 0.0) * n_calibration
+    total += float((work.get("validation") or {}).get("fpe") or 0.0) * n_validation
+    for key in ("refine", "selection"):
+        total += float((work.get(key) or {}).get("fpe") or 0.0)
+    return round(total, 2)
 
 
 def estimate_and_solve(

@@ -199,7 +199,9 @@ class DepthReport(Report):
         timings: seconds per step.
         work: forward-pass equivalents spent: the estimate (relative to one forward over the calibration
             windows) and the validation (:class:`cbo.measure.measurer.Work`, relative to the validation windows);
-            ``work["selection"]``: the final selection's race (one FPE per window), when it ran.
+            ``work["refine"]`` / ``work["selection"]``: the refinement's rounds and the final selection's race (one
+            FPE per window), when they ran; ``work["total_fpe"]``: all of it in that one unit (one full forward pass
+            over one window), the figure to compare methods by.
         selection: the race's record (``cbo.search.selection.Selection.to_json``): every finalist's interval.
         options: the options as used, one dict per group of :mod:`cbo.pipeline.options`: ``{"data", "estimate",
             "search", "constraints", "run"}`` (a report written before the groups is read into this form).

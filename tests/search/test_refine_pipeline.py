@@ -44,6 +44,9 @@ def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_wi
     assert work["budget"] == 2000 and 0 < work["fpe"] <= 2000 + splits.calibration.shape[0]
     assert work["rounds"] >= 1 and work["stopped"] in ("exhausted", "budget")
     assert refined.work["estimate_fpe"] == plain.work["estimate_fpe"]
+    # the total in one unit (one forward over one window): the plain run's estimate and validation, plus the rounds
+    extra = refined.work["validation"]["fpe"] - plain.work["validation"]["fpe"]  # other candidates validated
+    assert refined.work["total_fpe"] == pytest.approx(plain.work["total_fpe"] + work["fpe"] + 4 * extra, abs=0.05)
     assert refined.options["search"]["refine"] == 2000 and plain.options["search"]["refine"] is None
     assert "refine" in refined.timings
     assert refined.qubo.metadata["estimator"] == "refine"

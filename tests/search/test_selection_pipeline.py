@@ -74,6 +74,7 @@ def test_prune_depth_races_the_validated_states(tiny_model, novel_folder, tokeni
     work = report.work["selection"]
     assert work["fpe"] > sel["windows"]  # the originals of the windows, and the finalists
     assert work["tokens"] == 16 * sel["windows"] and "selection" in report.timings
+    assert report.work["total_fpe"] > work["fpe"] + report.work["estimate_fpe"]  # the race charged, per window
     assert report.states.info["selection"] == sel
     assert report.options["search"]["select"] == 40 and report.options["search"]["select_options"]["first"] == 8
     loaded = DepthReport.from_json(json.loads(json.dumps(report.to_json())))
