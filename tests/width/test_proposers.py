@@ -34,7 +34,14 @@ def _ground_state(model, calib, n: int, proposer: CBOProposer) -> list[int]:
     from cbo.hessian import estimate_hessian
 
     qubo = estimate_hessian(
-        model, None, calib, estimator=proposer.estimator, loss="kl", granularity="layer", batch_size=4, seed=proposer.seed
+        model,
+        None,
+        calib,
+        estimator=proposer.estimator,
+        loss="kl",
+        granularity="layer",
+        batch_size=4,
+        seed=proposer.seed,
     )
     best = None
     for removed in itertools.combinations(range(1, qubo.n - 1), n):
