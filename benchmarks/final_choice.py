@@ -1,21 +1,32 @@
-"""The final choice among near-ties at the pipeline's own sizes: the default's choice (the lowest validation KL
-among the validated states) against the final selection's race on fresh validation windows
-(``prune_depth(select=N)``), judged on test windows that no choice reads.
+"""The final choice among near-ties at the pipeline's own sizes, judged on test windows that no choice reads.
 
-Each point (M, seed) runs ``prune_depth`` twice on the same splits and cache, so the estimate and the validation are
-shared and the race's fresh windows are its only extra cost. Both chosen sets are then measured, window by window,
-on the test windows: the pipeline's own test split (*Persuasion*) and the Python docs (``cbo.data.domains``, when
-installed). The PPL ratio race/default carries a paired bootstrap 95 % interval over the test windows; below 1
-means the race chose better.
+Routes at each point (M, seed), each ``prune_depth`` on the same splits:
+
+- ``default``: the lowest validation KL among the validated states (``cbo prune`` with no flags);
+- ``raced``: the same states raced on fresh validation windows (``select=N``, ``cbo.search.selection``);
+- ``refined`` (with ``--refine B``): refine's measured sets (``refine=B``), then the race.
+
+Each route measures anew (the measurement cache is emptied before it; the estimate is cached and charged from its
+metadata), so every route is charged what a fresh run spends, in one unit (a forward over one window). With
+``--reference FILE`` other methods' sets at the same splits (the search grid's EvoPress and SLEB) are measured
+beside, charged their own recorded FPE. Every set is then measured window by window on the test windows: the
+pipeline's own test split (*Persuasion*) and the Python docs (``cbo.data.domains``, when installed). Each ratio (a
+route's test PPL over the default's or a reference's) carries a paired bootstrap 95 % interval over the test
+windows; below 1 means the route chose better.
 
 Full settings: 32 calibration and 32 validation windows of 128 tokens (the pipeline's), a race of 480 fresh windows,
 64 test windows per domain, M = 8, 12 and 15. ``--quick``: a tiny run for the test suite.
+
+    python -m benchmarks.final_choice --remove 15 --refine 250 \\
+        --reference benchmarks/results/search/full-layer-15-s0.json
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 from typing import Any
 
 from benchmarks import depth_harness as D
@@ -51,6 +62,12 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--select", type=int, help=f"the race's fresh windows (default {FULL['select']})")
     p.add_argument("--seeds", help="comma-separated seeds (default 0)")
     p.add_argument("--criterion", default="ce", choices=("ce", "kl"), help="what the race compares")
+    p.add_argument("--refine", type=float, help="also refine with this budget (FPE of the rounds), then race")
+    p.add_argument(
+        "--reference",
+        help="comma-separated json files of other methods' sets at the same splits (e.g. "
+        "benchmarks/results/search/full-layer-15-s0.json: EvoPress and SLEB at M = 15), measured beside",
+    )
     return C.parse_with_defaults(p, argv, FULL, QUICK)
 
 
@@ -68,39 +85,75 @@ def test_sets(args: Any, tokenizer: Any, splits: Any, model: Any) -> dict[str, A
     return out
 
 
+ROUTES = ("default", "raced", "refined")  # the default; + the race; refine + the race (with --refine)
+
+
+def routes(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed: int) -> dict[str, Any]:
+    """The reports of every route at one (M, seed). Each measures anew (the measurement cache is emptied before
+    each run; the estimate is cached and charged from its metadata), so each is charged what a fresh run spends."""
+    from cbo.pipeline import prune_depth
+
+    cache = C.out_dir(args) / "cache"
+    common = dict(
+        remove=remove, splits=splits, seed=seed, cache_dir=cache, progress=False, batch_size=args.batch_size,
+    )  # fmt: skip
+    race = {"select": args.select, "select_options": {"criterion": args.criterion}}
+    extra = {"default": {}, "raced": race, "refined": {"refine": args.refine, **race}}
+    out = {}
+    for route in ROUTES if args.refine else ROUTES[:2]:
+        shutil.rmtree(cache / "measured", ignore_errors=True)
+        out[route] = prune_depth(model, tokenizer, **common, **extra[route])
+    return out
+
+
+def references(args: Any, remove: int, seed: int) -> dict[str, Any]:
+    """``--reference`` files' sets for this point (``{"point": {"remove", "seed"}, "methods": {name: {"removed",
+    "fpe"}}}``, e.g. the search grid's EvoPress and SLEB at the same splits), keyed by method."""
+    out = {}
+    for path in C.split_list(args.reference or ""):
+        ref = json.loads(Path(path).read_text())
+        if int(ref["point"]["remove"]) == remove and int(ref["point"]["seed"]) == seed:
+            out.update({name: m for name, m in ref["methods"].items() if name not in ROUTES})
+    return out
+
+
 def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed: int) -> dict[str, Any]:
-    """One (M, seed): both choices, their cost and their per-window test NLL on every domain."""
+    """One (M, seed): every route's choice and cost, the references', and their per-window test NLL on every
+    domain, each as a PPL ratio against the default's and against each reference's (paired bootstrap)."""
     from cbo.measure.measurer import Measurer
     from cbo.model.blocks import find_blocks
-    from cbo.pipeline import prune_depth
     from cbo.stats import paired_ppl_ratio
 
-    common = dict(
-        remove=remove, splits=splits, seed=seed, cache_dir=C.out_dir(args) / "cache", progress=False,
-        batch_size=args.batch_size,
-    )  # fmt: skip
-    default = prune_depth(model, tokenizer, **common)
-    raced = prune_depth(model, tokenizer, select=args.select, select_options={"criterion": args.criterion}, **common)
-    blocks = find_blocks(model, "layer")
-    sets = [sorted(default.chosen_blocks), sorted(raced.chosen_blocks)]
+    reports = routes(args, model, tokenizer, splits, remove, seed)
+    sets = {name: sorted(r.chosen_blocks) for name, r in reports.items()}
+    fpe = {name: r.work["total_fpe"] for name, r in reports.items()}  # one unit: a forward over one window
+    refs = references(args, remove, seed)
+    for name, ref in refs.items():
+        sets[name], fpe[name] = sorted(ref["removed"]), float(ref["fpe"])
     row: dict[str, Any] = {
         "remove": remove,
         "seed": seed,
-        "default": sets[0],
-        "raced": sets[1],
-        "selection": raced.selection,
-        "fpe": {"default": default.work["total_fpe"], "raced": raced.work["total_fpe"]},
+        "sets": sets,
+        "fpe": fpe,
+        "references": sorted(refs),
+        "selection": {name: r.selection for name, r in reports.items() if r.selection is not None},
+        "refine": reports["refined"].work["refine"] if "refined" in reports else None,
         "test": {},
     }
+    blocks = find_blocks(model, "layer")
+    names = list(sets)
     for domain, windows in test_sets(args, tokenizer, splits, model).items():
-        losses = Measurer(model, blocks, windows, batch_size=args.batch_size, retain=False).losses(sets)
-        ce = losses.ce
-        ratio, low, high = paired_ppl_ratio(ce[1], ce[0], seed=seed)
+        ce = Measurer(model, blocks, windows, batch_size=args.batch_size, retain=False).losses(list(sets.values())).ce
+        by = dict(zip(names, ce))
         row["test"][domain] = {
             "windows": int(ce.shape[1]),
-            "default_ppl": math.exp(float(ce[0].mean())),
-            "raced_ppl": math.exp(float(ce[1].mean())),
-            "ratio": [ratio, low, high],
+            "ppl": {name: math.exp(float(by[name].mean())) for name in names},
+            "ratio": {  # route / baseline, below 1: the route is better
+                f"{name}/{base}": list(paired_ppl_ratio(by[name], by[base], seed=seed))
+                for base in ["default", *sorted(refs)]
+                for name in names
+                if name != base and name in reports
+            },
         }
     print(json.dumps(row), flush=True)
     return row
@@ -116,28 +169,36 @@ def run(r: C.Run) -> dict[str, Any]:
         for m in C.split_list(args.remove)
         for s in C.split_list(args.seeds)
     ]
-    return r.header(rows=rows, select=args.select, criterion=args.criterion, seq_len=args.seq_len)
+    return r.header(rows=rows, select=args.select, criterion=args.criterion, refine=args.refine, seq_len=args.seq_len)
 
 
 def markdown(result: dict[str, Any]) -> str:
-    header = ["M", "seed", "domain", "default PPL", "race PPL", "ratio [95 % CI]", "race set = default set", "FPE"]
-    rows = []
+    parts = [
+        f"# The final choice at the pipeline's sizes (race: select={result['select']}, {result['criterion']};"
+        f" refine: {result.get('refine')})\n",
+        "FPE: everything charged, in forward passes over one window. Ratio: the route's test PPL over the"
+        " baseline's, paired bootstrap 95 % interval over the test windows (below 1: the route is better).\n",
+    ]
     for row in result["rows"]:
-        for domain, t in row["test"].items():
-            ratio, low, high = t["ratio"]
-            rows.append(
-                [
-                    row["remove"],
-                    row["seed"],
-                    domain,
-                    f"{t['default_ppl']:.1f}",
-                    f"{t['raced_ppl']:.1f}",
-                    f"{ratio:.3f} [{low:.3f}, {high:.3f}]",
-                    "yes" if row["default"] == row["raced"] else "no",
-                    f"{row['fpe']['default']:.0f} → {row['fpe']['raced']:.0f}",
-                ]
-            )
-    return f"# The final choice: default vs the race (select={result['select']})\n\n" + C.md_table(header, rows)
+        head = ["method", "FPE", "removed", *(f"{d} PPL" for d in row["test"])]
+        body = [
+            [
+                name,
+                f"{row['fpe'][name]:.0f}",
+                ",".join(map(str, s)),
+                *(f"{t['ppl'][name]:.1f}" for t in row["test"].values()),
+            ]
+            for name, s in row["sets"].items()
+        ]
+        parts.append(f"## M = {row['remove']}, seed {row['seed']}\n\n" + C.md_table(head, body))
+        ratios = next(iter(row["test"].values()))["ratio"]
+        head = ["ratio", *row["test"]]
+        body = [
+            [key, *(f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" for r in (t["ratio"][key] for t in row["test"].values()))]
+            for key in ratios
+        ]
+        parts.append(C.md_table(head, body))
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -17,8 +17,9 @@ spends what it is given: when no round has improved the best measured set for ``
 search (larger swaps, more posterior draws, restarts away from its incumbents) and narrows again after an
 improvement; it stops early only when it has nothing new to propose (``"exhausted"``) or after ``max_rounds``
 rounds (``"rounds"``), and otherwise when the next set would not fit into the budget (``"budget"``; the last round
-is cut to what is left). Then the ``validate`` best sets by their high-fidelity calibration loss are measured on
-the validation windows and the lowest is chosen. Nothing here reads a test split. Every default lives in
+is cut to what is left at the average cost of a set so far, so the rounds may end a few FPE over). Then the
+``validate`` best sets by their high-fidelity calibration loss are measured on the validation windows and the
+lowest is chosen. Nothing here reads a test split. Every default lives in
 :class:`cbo.search.options.RefineOptions`.
 
 Every round is checkpointed (measurements, random stream, history): an interrupted loop resumes where it stopped,

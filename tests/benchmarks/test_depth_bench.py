@@ -301,13 +301,30 @@ def test_nested_paper_sizes_equal_the_estimator_on_each_prefix(tmp_path):
 @pytest.mark.model
 @pytest.mark.slow
 def test_final_choice_quick(installed, tmp_path):
-    run_script("final_choice", "--quick", "--threads", "1", "--out", str(tmp_path))
-    data = json.loads((tmp_path / "final_choice.json").read_text())
+    reference = tmp_path / "reference.json"  # another method's set at the same point, measured beside
+    reference.write_text(
+        json.dumps({"point": {"remove": 2, "seed": 0}, "methods": {"other": {"removed": [10, 11], "fpe": 99.0}}})
+    )
+    out = tmp_path / "out"
+    run_script(
+        "final_choice", "--quick", "--threads", "1", "--refine", "60", "--reference", str(reference), "--out", str(out)
+    )
+    data = json.loads((out / "final_choice.json").read_text())
     (row,) = data["rows"]
-    assert row["remove"] == 2 and len(row["default"]) == len(row["raced"]) == 2
-    assert row["selection"]["chosen"] == row["raced"] and row["fpe"]["raced"] > row["fpe"]["default"]
+    sets, fpe = row["sets"], row["fpe"]
+    assert row["remove"] == 2 and set(sets) == {"default", "raced", "refined", "other"}
+    assert all(len(s) == 2 for s in sets.values()) and sets["other"] == [10, 11] and fpe["other"] == 99.0
+    assert (
+        row["selection"]["raced"]["chosen"] == sets["raced"]
+        and row["selection"]["refined"]["chosen"] == sets["refined"]
+    )
+    # every route measured anew and charged in one unit: the race adds its windows, refine its rounds on top
+    assert fpe["raced"] == pytest.approx(fpe["default"] + row["selection"]["raced"]["fpe"], rel=1e-3)
+    assert fpe["refined"] > fpe["default"] + row["refine"]["fpe"]
     austen = row["test"]["austen"]
-    ratio, low, high = austen["ratio"]
-    assert austen["windows"] == 8 and low <= ratio <= high
-    assert math.isclose(ratio, austen["raced_ppl"] / austen["default_ppl"], rel_tol=1e-9)
-    assert (tmp_path / "final_choice.md").read_text().startswith("# The final choice")
+    assert austen["windows"] == 8
+    for key in ("raced/default", "refined/default", "default/other", "refined/other"):
+        ratio, low, high = austen["ratio"][key]
+        name, base = key.split("/")
+        assert low <= ratio <= high and math.isclose(ratio, austen["ppl"][name] / austen["ppl"][base], rel_tol=1e-9)
+    assert (out / "final_choice.md").read_text().startswith("# The final choice")

@@ -54,7 +54,9 @@ def test_quick_run_writes_its_outputs_and_obeys_its_rules(installed, tmp_path):
             assert e["test_ppl"] > entry["original_test_ppl"] * 0.99
         refine = entry["runs"]["refine"]
         cost = refine["info"]["cost"]  # the budget counts the rounds; the prior and the validation are paid apart
-        assert cost["rounds"] <= refine["info"]["budget"] + 1e-6
+        # the last round is cut at the average cost of a set: it may end a few FPE over, never by a round
+        assert cost["rounds"] <= 1.02 * refine["info"]["budget"] + 1e-6
+        assert cost["rounds"] >= 0.9 * refine["info"]["budget"] or refine["info"]["stopped"] == "exhausted"
         assert refine["fpe"] == pytest.approx(sum(cost.values()))
         assert refine["removed"] in refine["validation"]["removed"]  # chosen among the validated sets
         assert set(entry["ratios"]) >= {m for m in evals if m != "refine"}
