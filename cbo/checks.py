@@ -57,24 +57,11 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_int(
-    name: str,
-    value: Any,
-    lo: int | None = None,
-    hi: int | None = None,
-    *,
-    none_ok: bool = False,
-    error: type[Exception] = InvalidOptionError,
-    hint: str = "",
-) -> Any:
-    """``int(value)`` when it is an integer in ``lo..hi`` (either bound may be None; None itself when
-    ``none_ok``), else ``error`` naming the option and the range (``hint``: a sentence appended, e.g. the fix)."""
-    if value is None and none_ok:
-        return None
-    if not is_int(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-        rule = " ".join(w for w in ("an integer", span(lo, hi)) if w) + (" or None" if none_ok else "")
-        raise error(f"{name} must be {rule}, got {describe(value)}.{' ' + hint if hint else ''}")
-    return int(value)
+def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None, **how: Any) -> Any:
+    """``int(value)`` when it is an integer in ``lo..hi`` (either bound may be None), else ``error`` naming the option
+    and the range. ``how``: ``none_ok`` (None itself passes), ``error``, ``hint`` (a sentence appended, e.g. the
+    fix), as for :func:`check_float`."""
+    return check_float(name, value, lo, hi, integer=True, **how)
 
 
 def check_float(
@@ -86,24 +73,31 @@ def check_float(
     lo_open: bool = False,
     hi_open: bool = False,
     finite: bool = True,
+    integer: bool = False,
     none_ok: bool = False,
     error: type[Exception] = InvalidOptionError,
     hint: str = "",
 ) -> Any:
     """``float(value)`` when it is a real number in the range (NaN never; ±inf only when not ``finite``), else
-    ``error`` naming the option and the range."""
+    ``error`` naming the option and the range; with ``integer``, ``int(value)`` of an integer only."""
     if value is None and none_ok:
         return None
-    ok = is_number(value) and not math.isnan(value) and (not finite or math.isfinite(value))
+    ok = (
+        is_int(value)
+        if integer
+        else is_number(value) and not math.isnan(value) and (not finite or math.isfinite(value))
+    )
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
     if ok and hi is not None:
         ok = value < hi if hi_open else value <= hi
     if not ok:
-        words = ["a finite number" if finite else "a number", span(lo, hi, lo_open=lo_open, hi_open=hi_open)]
-        rule = " ".join(w for w in words if w) + (" or None" if none_ok else "")
-        raise error(f"{name} must be {rule}, got {describe(value)}.{' ' + hint if hint else ''}")
-    return float(value)
+        kind = "an integer" if integer else "a finite number" if finite else "a number"
+        rule = " ".join(w for w in (kind, span(lo, hi, lo_open=lo_open, hi_open=hi_open)) if w)
+        raise error(
+            f"{name} must be {rule}{' or None' if none_ok else ''}, got {describe(value)}.{' ' + hint if hint else ''}"
+        )
+    return int(value) if integer else float(value)
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any], *, error: type[Exception] = InvalidOptionError) -> Any:
