@@ -2,16 +2,19 @@
 
 Routes at each point (M, seed), each ``prune_depth`` on the same splits:
 
-- ``default``: the lowest validation KL among the validated states (``cbo prune`` with no flags);
-- ``raced``: the same states raced on fresh validation windows (``select=N``, ``cbo.search.selection``);
-- ``refined`` (with ``--refine B``): refine's measured sets (``refine=B``), then the race.
+- ``validated``: the lowest validation KL among the validated states (``refine=None, select=None``: ``cbo prune
+  --no-refine --no-select``, the default before this benchmark; in the results of M = 8 and 15 named ``default``);
+- ``raced``: the same states raced on fresh validation windows (``refine=None, select=N``,
+  ``cbo.search.selection``);
+- ``refined`` (with ``--refine B``): refine's measured sets (``refine=B``), then the race (``cbo prune`` with no
+  flags since this benchmark: B = 300, N = 480).
 
 Each route measures anew (the measurement cache is emptied before it; the estimate is cached and charged from its
 metadata), so every route is charged what a fresh run spends, in one unit (a forward over one window). With
 ``--reference FILE`` other methods' sets at the same splits (the search grid's EvoPress and SLEB) are measured
 beside, charged their own recorded FPE. Every set is then measured window by window on the test windows: the
 pipeline's own test split (*Persuasion*) and the Python docs (``cbo.data.domains``, when installed). Each ratio (a
-route's test PPL over the default's or a reference's) carries a paired bootstrap 95 % interval over the test
+route's test PPL over the validated route's or a reference's) carries a paired bootstrap 95 % interval over the test
 windows; below 1 means the route chose better.
 
 Full settings: 32 calibration and 32 validation windows of 128 tokens (the pipeline's), a race of 480 fresh windows,
@@ -85,7 +88,7 @@ def test_sets(args: Any, tokenizer: Any, splits: Any, model: Any) -> dict[str, A
     return out
 
 
-ROUTES = ("default", "raced", "refined")  # the default; + the race; refine + the race (with --refine)
+ROUTES = ("validated", "raced", "refined")  # validation KL; + the race; refine + the race (with --refine)
 
 
 def routes(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed: int) -> dict[str, Any]:
@@ -98,7 +101,11 @@ def routes(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed
         remove=remove, splits=splits, seed=seed, cache_dir=cache, progress=False, batch_size=args.batch_size,
     )  # fmt: skip
     race = {"select": args.select, "select_options": {"criterion": args.criterion}}
-    extra = {"default": {}, "raced": race, "refined": {"refine": args.refine, **race}}
+    extra = {
+        "validated": {"refine": None, "select": None},
+        "raced": {"refine": None, **race},
+        "refined": {"refine": args.refine, **race},
+    }
     out = {}
     for route in ROUTES if args.refine else ROUTES[:2]:
         shutil.rmtree(cache / "measured", ignore_errors=True)
@@ -119,7 +126,7 @@ def references(args: Any, remove: int, seed: int) -> dict[str, Any]:
 
 def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed: int) -> dict[str, Any]:
     """One (M, seed): every route's choice and cost, the references', and their per-window test NLL on every
-    domain, each as a PPL ratio against the default's and against each reference's (paired bootstrap)."""
+    domain, each as a PPL ratio against the validated route's and against each reference's (paired bootstrap)."""
     from cbo.measure.measurer import Measurer
     from cbo.model.blocks import find_blocks
     from cbo.stats import paired_ppl_ratio
@@ -150,7 +157,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
             "ppl": {name: math.exp(float(by[name].mean())) for name in names},
             "ratio": {  # route / baseline, below 1: the route is better
                 f"{name}/{base}": list(paired_ppl_ratio(by[name], by[base], seed=seed))
-                for base in ["default", *sorted(refs)]
+                for base in ["validated", *sorted(refs)]
                 for name in names
                 if name != base and name in reports
             },

@@ -46,7 +46,7 @@ def child(args) -> None:
     t0 = time.perf_counter()
     select = None if args.select == 0 else args.select
     report = prune_depth(
-        args.model, remove=args.remove, select=select, cache_dir=cache, progress=False, seed=args.seed,
+        args.model, remove=args.remove, refine=None, select=select, cache_dir=cache, progress=False, seed=args.seed,
         select_options={"criterion": args.criterion},
     )  # fmt: skip
     C.print_result(

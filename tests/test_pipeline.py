@@ -19,7 +19,7 @@ from cbo.errors import CBOError, InfeasibleError
 from cbo.pipeline import DepthReport, prune_depth
 from cbo.surgery.depth import remove_blocks
 
-SOLVE = dict(solver="enumerate", progress=False, cache_dir=None)
+SOLVE = dict(solver="enumerate", progress=False, cache_dir=None, refine=None, select=None)  # the validated path
 
 
 def _splits(model, tiny_windows, n_cal=4, n_val=4, seq_len=16):
@@ -310,6 +310,8 @@ def test_prune_depth_on_the_default_model(default_model, default_text, tmp_path)
         solver="enumerate",
         cache_dir=tmp_path,
         progress=False,
+        refine=None,  # the default refine and race on this model: tests/test_readme.py's Python example
+        select=None,
     )
     assert report.n_blocks == 30
     assert report.pruned_model.config.num_hidden_layers == 26

@@ -15,7 +15,17 @@ from cbo.model.blocks import find_blocks
 from cbo.pipeline import prune_depth
 
 TEXT = synthetic_novel(n_chapters=4).split("\n\n\n")
-SMALL = dict(solver="enumerate", top_k=3, validate=2, n_calibration=2, n_validation=2, seq_len=16, cache_dir=None)
+SMALL = dict(
+    solver="enumerate",
+    top_k=3,
+    validate=2,
+    n_calibration=2,
+    n_validation=2,
+    seq_len=16,
+    cache_dir=None,
+    refine=None,
+    select=None,
+)
 SMALL |= dict(progress=False)
 
 

@@ -164,15 +164,17 @@ def prune(
         "--refine",
         help="Refine the QUBO with measurements before validating: BUDGET in forward-pass equivalents (one FPE ="
         " one full forward pass over one calibration window) for the rounds after the estimate (the estimate and"
-        " the validation are paid apart), e.g. --refine 400. Off by default.",
+        " the validation are paid apart). Default: 300 for --method cbo; --no-refine turns it off.",
     ),
+    no_refine: bool = typer.Option(False, "--no-refine", help="No refinement: validate the QUBO's own states."),
     select: Optional[int] = typer.Option(
         None,
         "--select",
         help="Race the validated states on up to N fresh windows of the validation text (rounds of 32, 64, 128, ..."
-        " windows; a finalist is dropped once it is clearly worse, paired by window) and choose the winner, e.g."
-        " --select 480. Off by default.",
+        " windows; a finalist is dropped once it is clearly worse, paired by window) and choose the winner."
+        " Default: 480 for --method cbo; --no-select turns it off (the lowest validation KL is chosen).",
     ),
+    no_select: bool = typer.Option(False, "--no-select", help="No final race: the lowest validation KL is chosen."),
     select_criterion: str = typer.Option(
         "ce", "--select-criterion", help="What --select compares: ce (perplexity) or kl (KL to the original)."
     ),
@@ -211,16 +213,18 @@ def prune(
                         "--width NAME --ratio R` to combine them."
                     )
                 )
-            if refine is not None:
-                fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop --refine."))
-            if select is not None:
-                fail(CBOError("--select races depth candidates; it does not apply to --width. Drop --select."))
+            if refine is not None or no_refine:
+                fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop it."))
+            if select is not None or no_select:
+                fail(CBOError("--select races depth candidates; it does not apply to --width. Drop it."))
             if ratio is None:
                 fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
             _prune_width(model, width, ratio, ratio_of, text, data, seed, out, as_json, quiet)
             return
         remove = 8 if remove is None else remove
         try:
+            refine = switch("--refine", refine, no_refine)
+            select = switch("--select", select, no_select)
             opts = parse_options(option, "--option")
             from cbo.model.loading import load_model
 
@@ -323,6 +327,14 @@ def interrupted(cache: bool) -> None:
     else:
         err_console.print("[yellow]interrupted: nothing is kept (--no-cache); a rerun starts over.[/]")
     raise typer.Exit(130)
+
+
+def switch(flag: str, value: Any, off: bool) -> Any:
+    """A default-on option's value for prune_depth: ``"auto"`` (the default) when not given, None with ``--no-...``,
+    else the value; both at once is refused."""
+    if off and value is not None:
+        raise CBOError(f"{flag} {value} and --no-{flag[2:]} were both given; keep one.")
+    return None if off else ("auto" if value is None else value)
 
 
 def parse_caps(items: list[str]) -> dict[str, int]:

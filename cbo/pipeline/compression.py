@@ -217,8 +217,15 @@ class CompressOptions:
 
 
 # the groups' fields compress does not use, and its own defaults of the groups
-NOT_USED = ("loss", "estimator_options", "solver_options", "top_k", "validate", "refine", "cache_dir")
-DEFAULTS = {"data": Data(n_validation=16, n_test=32), "run": Run(batch_size=4, progress=False)}
+NOT_USED = (
+    "loss", "estimator_options", "solver_options", "top_k", "validate", "refine", "select", "select_options",
+    "cache_dir",
+)  # fmt: skip
+DEFAULTS = {
+    "data": Data(n_validation=16, n_test=32),
+    "search": Search(refine=None, select=None),  # the depth steps take the ground state; no refinement, no race
+    "run": Run(batch_size=4, progress=False),
+}
 
 
 def compress(

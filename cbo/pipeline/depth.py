@@ -23,7 +23,7 @@ import numpy as np
 
 from cbo.checks import check_int
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
-from cbo.pipeline.final_selection import check_select, select_final, selection_work
+from cbo.pipeline.final_selection import check_select, no_fresh_windows, select_final, selection_work
 from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
 from cbo.pipeline.options import Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
@@ -102,9 +102,10 @@ def prune_depth(
     """Remove ``remove`` blocks of a causal LM chosen by constrained binary optimization, validated on held-out text.
 
     Steps: calibration/validation windows (by document) → Hessian of the gates (once, cached on disk) → the
-    ``top_k`` lowest-energy states with exactly ``remove`` blocks removed → the first ``validate`` of them
-    measured on the validation split (KL to the original and perplexity) → the best by validation KL is chosen
-    (the ground state when ``validate=0``) → a pruned copy of the model.
+    ``top_k`` lowest-energy states with exactly ``remove`` blocks removed → refinement rounds measured on the
+    calibration windows (``refine``) → the best ``validate`` candidates measured on the validation split (KL to the
+    original and perplexity) → a race of the validated states on fresh validation-document windows (``select``;
+    without it the best by validation KL is chosen, the ground state when ``validate=0``) → a pruned copy.
 
     Args:
         model: ``"smollm2-135m"``, a local Hugging Face folder or hub id, or a loaded model.
@@ -130,12 +131,15 @@ def prune_depth(
               over one calibration window) for the refinement rounds after the estimate (``cbo.search.refine``):
               rounds of proposals from the solver layer are measured on the calibration windows and the QUBO is
               refit on them until the budget is spent; the measured sets with the lowest calibration loss are then
-              the candidates validated. None (default): no refinement. The estimate and the validation are paid
-              as without it; ``report.work["refine"]`` holds the rounds' cost. ``select``, ``select_options``:
-              race the validated states on up to ``select`` fresh windows of the validation documents before
-              choosing (:mod:`cbo.pipeline.final_selection`; options: a ``cbo.search.selection.SelectionOptions``
-              or a dict of its fields). None (default): the lowest validation KL is chosen. ``report.selection``
-              holds every finalist's interval, ``report.work["selection"]`` the cost.
+              the candidates validated. ``"auto"`` (default): 300 FPE for ``method="cbo"``; None: no refinement.
+              The estimate and the validation are paid as without it; ``report.work["refine"]`` holds the rounds'
+              cost. ``select``, ``select_options``: race the validated states on up to ``select`` fresh windows of
+              the validation documents and choose the winner (:mod:`cbo.pipeline.final_selection`; options: a
+              ``cbo.search.selection.SelectionOptions`` or a dict of its fields; default criterion: perplexity).
+              ``"auto"`` (default): 480 windows for ``method="cbo"`` when at least two states are validated and the
+              text is known (not precomputed ``splits``; then ``report.work["selection"]["skipped"]`` says why);
+              None: the lowest validation KL is chosen. ``report.selection`` holds every finalist's interval,
+              ``report.work["selection"]`` the cost, ``report.work["total_fpe"]`` everything charged.
             * ``Run``: ``seed=0`` (data sampling, label sampling, randomized solvers), ``batch_size=8``,
               ``progress=True``, ``cache_dir=True`` (where Hessians and measured validation losses are cached;
               True = ``CBO_HOME/cache``, None/False = no cache), ``device="cpu"`` and ``dtype`` (used when
@@ -171,6 +175,7 @@ def prune_depth(
         check_int(label, getattr(search, label), lo=least, error=CBOError)
     n_calibration = data.n_calibration if data.splits is None else len(data.splits.calibration)
     search = replace(search, refine=check_refine(search.refine, method, n_calibration))
+    auto_select = isinstance(search.select, str)  # "auto" (any other string fails in check_select)
     select, select_options = check_select(search.select, search.select_options, method, search.validate)
     search = replace(search, select=select, select_options=select_options if select is not None else None)
     dtype, device = check_run_options(
@@ -210,12 +215,17 @@ def prune_depth(
         n_validation=data.n_validation, n_test=0, seed=run.seed, who="prune_depth",
     )  # fmt: skip
     validate = search.validate
+    work: dict[str, Any] = {}
+    if auto_select and select is not None and no_fresh_windows(tokenizer, splits) is not None:
+        # the default race needs fresh windows of a known text; said in the report, not raised
+        work["selection"] = {"skipped": no_fresh_windows(tokenizer, splits)}
+        select = None
+        search = replace(search, select=None, select_options=None)
     if splits.validation.shape[0] == 0 and (validate > 0 or method != "cbo"):
         raise CBOError("the validation split is empty; give n_validation >= 1 (or validate=0).")
     timings["data"] = time.perf_counter() - t
 
     qubo = states = None
-    work: dict[str, Any] = {}
     if method == "cbo":
         qubo, states = estimate_and_solve(
             model, tokenizer, splits.calibration, blocks, remove, constraints, estimate, search, run, hessian_cache,
@@ -309,9 +319,15 @@ def prune_depth(
 
 def check_refine(refine: Any, method: str, n_calibration: int) -> float | None:
     """The refine budget checked before any work: a positive FPE count (for the rounds after the estimate) that
-    pays at least one round of :class:`cbo.search.options.RefineOptions`' defaults."""
+    pays at least one round of :class:`cbo.search.options.RefineOptions`' defaults; ``"auto"`` (the default):
+    ``DEFAULT_REFINE`` (at least one round) for method ``cbo``, none for a baseline."""
+    from cbo.pipeline.options import AUTO, DEFAULT_REFINE
     from cbo.search.options import RefineOptions, check_budget
 
+    if isinstance(refine, str) and refine == AUTO:  # the default: refine CBO's QUBO, leave the baselines alone
+        if method != "cbo":
+            return None
+        refine = max(DEFAULT_REFINE, RefineOptions().round_cost(max(int(n_calibration), 1), first=True))
     if refine is None:
         return None
     if method != "cbo":

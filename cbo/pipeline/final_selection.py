@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from cbo.errors import DataError, InvalidOptionError
+from cbo.pipeline.options import AUTO, DEFAULT_SELECT
 from cbo.search.selection import Selection, SelectionOptions, check_budget
 
 
 def check_select(select: Any, options: Any, method: str, validate: int) -> tuple[int | None, SelectionOptions]:
-    """The selection budget and options checked before any work (None: no selection)."""
+    """The selection budget and options checked before any work (None: no selection; ``"auto"``, the default:
+    ``DEFAULT_SELECT`` windows for method ``cbo`` with at least two validated states, else none)."""
     if options is not None and not isinstance(options, SelectionOptions):
         if not isinstance(options, dict):
             raise InvalidOptionError(
@@ -30,6 +32,10 @@ def check_select(select: Any, options: Any, method: str, validate: int) -> tuple
             )
         options = SelectionOptions(**options)
     options = options or SelectionOptions()
+    if isinstance(select, str) and select == AUTO:  # the default: race CBO's validated states when there are two
+        if method != "cbo" or validate < 2:
+            return None, options
+        select = DEFAULT_SELECT
     if select is None:
         return None, options
     budget = check_budget(select)
@@ -38,6 +44,17 @@ def check_select(select: Any, options: Any, method: str, validate: int) -> tuple
     if validate < 2:
         raise InvalidOptionError(f"select races the validated states: give validate >= 2, got validate={validate}.")
     return budget, options
+
+
+def no_fresh_windows(tokenizer: Any, splits: Any) -> str | None:
+    """Why no fresh window can be cut for the race (None: they can): no tokenizer, or precomputed windows whose
+    text is unknown."""
+    info = dict(getattr(splits, "info", {}) or {})
+    if tokenizer is None:
+        return "no tokenizer"
+    if "seq_len" not in info or "documents" not in info:
+        return "precomputed windows (splits=) whose text is unknown"
+    return None
 
 
 def finalists_of(validated: Sequence[Any], options: SelectionOptions) -> list[Any]:
@@ -75,8 +92,12 @@ def select_final(
     from cbo.measure.cache import MeasureCache
     from cbo.search.selection import PoolSource, race
 
-    if tokenizer is None:
-        raise DataError("select draws fresh windows from the validation text and needs its tokenizer: give tokenizer=.")
+    why = no_fresh_windows(tokenizer, splits)
+    if why is not None:
+        raise DataError(
+            f"select draws fresh windows from the validation text and cannot here ({why}): give tokenizer= and "
+            "text=, not precomputed windows, or drop select."
+        )
     finalists = finalists_of(validated, options)
     pool = fresh_windows(
         tokenizer, text, dict(getattr(splits, "info", {}) or {}), splits=options.text.split("+"),
@@ -143,4 +164,4 @@ def selection_table(selection: dict[str, Any]) -> Any:
     return table
 
 
-__all__ = ["check_select", "finalists_of", "select_final", "selection_table", "selection_work"]
+__all__ = ["check_select", "finalists_of", "no_fresh_windows", "select_final", "selection_table", "selection_work"]

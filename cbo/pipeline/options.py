@@ -26,6 +26,14 @@ from cbo.errors import InvalidOptionError
 # `cbo hessian`, `cbo compress`); chosen from benchmarks/fidelity.py (BENCHMARKS.md): measured single-block removal
 # losses, whose validated excited states beat every baseline at M = 8 and 15 of 30 there
 DEFAULT_ESTIMATOR = "singles"
+# what ``refine``/``select`` mean when not given ("auto"): refinement rounds of this many FPE after the estimate, then
+# a race of the validated states on up to this many fresh windows by perplexity (method "cbo"; otherwise, and
+# where no fresh window can be cut, off). Chosen from benchmarks/final_choice.py at the pipeline's sizes
+# (BENCHMARKS.md, "The final choice among near-ties"): at M = 15 of 30 it beats the validation-KL choice by 7.5 %
+# test perplexity on Austen and 24 % on the second domain, at 82 % of EvoPress's total FPE; at M = 8 it ties.
+AUTO = "auto"
+DEFAULT_REFINE = 300.0
+DEFAULT_SELECT = 480
 
 
 @dataclass(frozen=True)
@@ -63,18 +71,19 @@ class Search:
         solver / solver_options: a registered solver (``"auto"`` picks one) and its options.
         top_k: low-energy states ranked; validate: how many of them are measured on the validation windows.
         refine: a budget in forward-pass equivalents for the refinement rounds after the estimate
-            (:mod:`cbo.search.refine`; None: no refinement).
+            (:mod:`cbo.search.refine`; ``"auto"``: ``DEFAULT_REFINE`` for method ``cbo``; None: no refinement).
         select / select_options: a budget of fresh windows for the final selection's race among the validated
-            states (:mod:`cbo.pipeline.final_selection`; None: the lowest validation KL is chosen) and its
-            options (a ``cbo.search.selection.SelectionOptions`` or a dict of its fields).
+            states (:mod:`cbo.pipeline.final_selection`; ``"auto"``: ``DEFAULT_SELECT`` for method ``cbo`` when
+            fresh windows can be cut from the text; None: the lowest validation KL is chosen) and its options (a
+            ``cbo.search.selection.SelectionOptions`` or a dict of its fields).
     """
 
     solver: str = "auto"
     solver_options: dict[str, Any] = field(default_factory=dict)
     top_k: int = 10
     validate: int = 10
-    refine: float | None = None
-    select: int | None = None
+    refine: float | str | None = AUTO
+    select: int | str | None = AUTO
     select_options: Any = None
 
 

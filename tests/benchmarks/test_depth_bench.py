@@ -312,18 +312,18 @@ def test_final_choice_quick(installed, tmp_path):
     data = json.loads((out / "final_choice.json").read_text())
     (row,) = data["rows"]
     sets, fpe = row["sets"], row["fpe"]
-    assert row["remove"] == 2 and set(sets) == {"default", "raced", "refined", "other"}
+    assert row["remove"] == 2 and set(sets) == {"validated", "raced", "refined", "other"}
     assert all(len(s) == 2 for s in sets.values()) and sets["other"] == [10, 11] and fpe["other"] == 99.0
     assert (
         row["selection"]["raced"]["chosen"] == sets["raced"]
         and row["selection"]["refined"]["chosen"] == sets["refined"]
     )
     # every route measured anew and charged in one unit: the race adds its windows, refine its rounds on top
-    assert fpe["raced"] == pytest.approx(fpe["default"] + row["selection"]["raced"]["fpe"], rel=1e-3)
-    assert fpe["refined"] > fpe["default"] + row["refine"]["fpe"]
+    assert fpe["raced"] == pytest.approx(fpe["validated"] + row["selection"]["raced"]["fpe"], rel=1e-3)
+    assert fpe["refined"] > fpe["validated"] + row["refine"]["fpe"]
     austen = row["test"]["austen"]
     assert austen["windows"] == 8
-    for key in ("raced/default", "refined/default", "default/other", "refined/other"):
+    for key in ("raced/validated", "refined/validated", "validated/other", "refined/other"):
         ratio, low, high = austen["ratio"][key]
         name, base = key.split("/")
         assert low <= ratio <= high and math.isclose(ratio, austen["ppl"][name] / austen["ppl"][base], rel_tol=1e-9)

@@ -26,7 +26,7 @@ def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_wi
     model = tiny_model("llama", n_layers=6, seed=3)
     splits = _splits(model, tiny_windows, n_cal=4, n_val=4)
     kw = dict(splits=splits, remove=3, top_k=10, validate=10, **SOLVE)
-    plain = prune_depth(model, None, **kw)
+    plain = prune_depth(model, None, refine=None, **kw)  # the validated path
     refined = prune_depth(model, None, refine=2000, **{**kw, "cache_dir": tmp_path})
     assert refined.chosen.kl <= plain.chosen.kl + 1e-9
 

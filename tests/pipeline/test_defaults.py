@@ -1,0 +1,105 @@
+"""The default pipeline (``prune_depth`` and ``cbo prune`` with no refine/select flags): refinement rounds after
+the estimate, then a race of the validated states on fresh windows, both charged; off for the baselines and where
+no fresh window can be cut; ``None`` / ``--no-refine --no-select`` give the validated path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cbo.data.windows import TokenSplits
+from cbo.errors import CBOError
+from cbo.pipeline import prune_depth
+from cbo.pipeline.options import AUTO, DEFAULT_REFINE, DEFAULT_SELECT, Search
+
+SMALL = dict(seq_len=16, n_calibration=4, n_validation=4, solver="enumerate", progress=False, top_k=6, validate=6)
+
+
+@pytest.fixture
+def novel_folder(tmp_path):
+    from tiny_texts import synthetic_novel
+
+    folder = tmp_path / "novel"
+    folder.mkdir()
+    chapters = synthetic_novel(n_chapters=3, n_paragraphs=12).split("Chapter ")[1:]
+    for k, text in enumerate(chapters):
+        (folder / f"part{k}.txt").write_text("Chapter " + text)
+    return folder
+
+
+@pytest.fixture
+def tokenizer():
+    from tiny_tokenizers import byte_level_tokenizer
+
+    return byte_level_tokenizer()
+
+
+def test_the_default_refines_then_races_and_charges_both(tiny_model, novel_folder, tokenizer, tmp_path):
+    assert Search().refine == AUTO and Search().select == AUTO
+    model = tiny_model("llama", n_layers=6, seed=3, vocab_size=260)
+    cache = tmp_path / "cache"
+    report = prune_depth(model, tokenizer, novel_folder, remove=2, cache_dir=cache, **SMALL)
+    search = report.options["search"]
+    assert search["refine"] == DEFAULT_REFINE and search["select"] == DEFAULT_SELECT  # resolved, as used
+    assert search["select_options"]["criterion"] == "ce"
+    assert report.states.solver == "refine" and report.work["refine"]["budget"] == DEFAULT_REFINE
+    assert report.selection is not None and report.selection["chosen"] == report.chosen_blocks
+    work = report.work
+    n_cal, n_val = 4, 4
+    expected = work["estimate_fpe"] * n_cal + work["validation"]["fpe"] * n_val
+    expected += work["refine"]["fpe"] + work["selection"]["fpe"]
+    assert work["total_fpe"] == pytest.approx(expected, abs=0.01) and work["selection"]["fpe"] > 0
+    assert work["refine"]["fpe"] > 0
+
+    # the same as asking for both explicitly (a fresh measurement cache: charged the same)
+    explicit = prune_depth(
+        model, tokenizer, novel_folder, remove=2, cache_dir=tmp_path / "cache2", refine=DEFAULT_REFINE,
+        select=DEFAULT_SELECT, **SMALL,
+    )  # fmt: skip
+    assert explicit.chosen_blocks == report.chosen_blocks
+    assert explicit.selection["finalists"] == report.selection["finalists"]
+    assert explicit.work["total_fpe"] == pytest.approx(work["total_fpe"])
+
+    # refine=None, select=None: the validated path, the lowest validation KL chosen, only estimate + validation
+    plain = prune_depth(model, tokenizer, novel_folder, remove=2, cache_dir=cache, refine=None, select=None, **SMALL)
+    assert plain.selection is None and "refine" not in plain.work and "selection" not in plain.work
+    assert plain.states.solver == "enumerate"
+    best = min(plain.validation, key=lambda v: (v.kl if math.isfinite(v.kl) else math.inf, v.rank))
+    assert plain.chosen_blocks == best.removed
+    assert plain.options["search"]["refine"] is None and plain.options["search"]["select"] is None
+    assert plain.work["total_fpe"] < work["total_fpe"]
+
+
+def test_the_default_race_is_skipped_where_no_fresh_window_can_be_cut(tiny_model, tiny_windows):
+    model = tiny_model("llama", n_layers=5)
+    splits = TokenSplits(*(tiny_windows(model, n=4, seq_len=16, seed=s) for s in (1, 2, 3)), {"source": "random"})
+    report = prune_depth(model, None, remove=2, splits=splits, cache_dir=None, **SMALL)
+    assert report.selection is None and report.options["search"]["select"] is None
+    assert "precomputed" in report.work["selection"]["skipped"] or "tokenizer" in report.work["selection"]["skipped"]
+    assert report.work["refine"]["fpe"] > 0  # refinement needs no fresh window: it still runs
+    best = min(report.validation, key=lambda v: (v.kl if math.isfinite(v.kl) else math.inf, v.rank))
+    assert report.chosen_blocks == best.removed
+    # asked for explicitly, the same race is an error that says why and what to do
+    with pytest.raises(CBOError, match="precomputed"):
+        prune_depth(model, None, remove=2, splits=splits, cache_dir=None, select=40, refine=None, **SMALL)
+
+
+def test_the_defaults_leave_baselines_and_single_validations_alone(tiny_model, novel_folder, tokenizer):
+    model = tiny_model("llama", n_layers=5, vocab_size=260)
+    sleb = prune_depth(model, tokenizer, novel_folder, remove=1, method="block_influence", cache_dir=None, **SMALL)
+    assert sleb.selection is None and "refine" not in sleb.work and "selection" not in sleb.work
+    assert sleb.options["search"]["refine"] is None and sleb.options["search"]["select"] is None
+    one = prune_depth(
+        model, tokenizer, novel_folder, remove=1, cache_dir=None, **{**SMALL, "validate": 1, "refine": None}
+    )
+    assert one.selection is None and one.options["search"]["select"] is None  # nothing to race
+
+
+def test_cli_switches_refuse_a_value_with_its_off_flag():
+    from cbo.cli.model_cmds import switch
+
+    assert switch("--refine", None, False) == AUTO and switch("--refine", 200.0, False) == 200.0
+    assert switch("--select", None, True) is None
+    with pytest.raises(CBOError, match="--refine 200.0 and --no-refine"):
+        switch("--refine", 200.0, True)
