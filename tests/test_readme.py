@@ -3,6 +3,7 @@ Python example runs end to end on the default model (with smaller window counts,
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -77,14 +78,15 @@ def test_every_python_block_is_run_by_a_test():
 
 @pytest.mark.model
 def test_the_python_example_runs(tmp_path, monkeypatch):
-    """The README's self-contained Python block, run as written; prune_depth gets smaller window counts."""
+    """The README's self-contained Python block, run as written; prune_depth gets smaller window counts (and a race
+    of one round), and runs the default pipeline: refine, then the race."""
     import functools
 
     import cbo
 
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     monkeypatch.chdir(tmp_path)
-    small = dict(n_calibration=4, n_validation=4, seq_len=32, progress=False)
+    small = dict(n_calibration=4, n_validation=4, seq_len=32, progress=False, select=32)  # a short race
     monkeypatch.setattr(cbo, "prune_depth", functools.partial(cbo.prune_depth, **small), raising=False)
     for block in self_contained_blocks():
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
@@ -92,6 +94,8 @@ def test_the_python_example_runs(tmp_path, monkeypatch):
     assert (folder / "config.json").is_file() and (folder / "report.json").is_file()
     model = cbo.load_pruned(folder)
     assert model.config.num_hidden_layers == 30 - 8
+    report = json.loads((folder / "report.json").read_text())
+    assert report["options"]["search"]["refine"] > 0 and report["selection"]["windows"] == 32
 
 
 def test_troubleshooting_lists_every_error_type():

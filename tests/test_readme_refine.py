@@ -26,7 +26,11 @@ def _python_refine_example() -> list[str]:
 
 
 def _cli_refine_example() -> list[str]:
-    lines = [ln for ln in README.read_text().splitlines() if ln.startswith("cbo prune") and "--refine" in ln]
+    lines = [
+        ln
+        for ln in README.read_text().splitlines()
+        if ln.startswith("cbo prune") and "--refine" in ln.split("#")[0].split()
+    ]
     assert len(lines) == 1, "README should hold one `cbo prune --refine` line"
     return shlex.split(lines[0].split("#")[0])
 

@@ -25,7 +25,7 @@ def demo(
     console.print(
         f"[bold]CBO demo[/]: remove {remove} of the 30 blocks of SmolLM2-135M-Instruct, "
         f"calibrated on Austen's novels: the QUBO is refined with 300 FPE of measurements, the {validate} best "
-        "states are validated on held-out text and raced on up to 480 fresh windows of it (the default pipeline)."
+        "states are validated on held-out text and raced on up to 96 fresh windows of it (the default pipeline)."
     )
     try:
         check_outputs(folders=(out,), overwrite=overwrite)

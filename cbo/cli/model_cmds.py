@@ -172,7 +172,7 @@ def prune(
         "--select",
         help="Race the validated states on up to N fresh windows of the validation text (rounds of 32, 64, 128, ..."
         " windows; a finalist is dropped once it is clearly worse, paired by window) and choose the winner."
-        " Default: 480 for --method cbo; --no-select turns it off (the lowest validation KL is chosen).",
+        " Default: 96 for --method cbo; --no-select turns it off (the lowest validation KL is chosen).",
     ),
     no_select: bool = typer.Option(False, "--no-select", help="No final race: the lowest validation KL is chosen."),
     select_criterion: str = typer.Option(

@@ -136,7 +136,7 @@ def prune_depth(
               cost. ``select``, ``select_options``: race the validated states on up to ``select`` fresh windows of
               the validation documents and choose the winner (:mod:`cbo.pipeline.final_selection`; options: a
               ``cbo.search.selection.SelectionOptions`` or a dict of its fields; default criterion: perplexity).
-              ``"auto"`` (default): 480 windows for ``method="cbo"`` when at least two states are validated and the
+              ``"auto"`` (default): 96 windows for ``method="cbo"`` when at least two states are validated and the
               text is known (not precomputed ``splits``; then ``report.work["selection"]["skipped"]`` says why);
               None: the lowest validation KL is chosen. ``report.selection`` holds every finalist's interval,
               ``report.work["selection"]`` the cost, ``report.work["total_fpe"]`` everything charged.

@@ -30,10 +30,12 @@ DEFAULT_ESTIMATOR = "singles"
 # a race of the validated states on up to this many fresh windows by perplexity (method "cbo"; otherwise, and
 # where no fresh window can be cut, off). Chosen from benchmarks/final_choice.py at the pipeline's sizes
 # (BENCHMARKS.md, "The final choice among near-ties"): at M = 15 of 30 it beats the validation-KL choice by 7.5 %
-# test perplexity on Austen and 24 % on the second domain, at 82 % of EvoPress's total FPE; at M = 8 it ties.
+# test perplexity on Austen and 24 % on the second domain and ties EvoPress's choice; at M = 8 it ties. The race of
+# 480 windows there had its final leader after 96 (two rounds, 32 + 64), so the default stops there: about half
+# of EvoPress's total FPE at M = 15.
 AUTO = "auto"
 DEFAULT_REFINE = 300.0
-DEFAULT_SELECT = 480
+DEFAULT_SELECT = 96
 
 
 @dataclass(frozen=True)
