@@ -46,6 +46,19 @@ def char_tokenizer() -> CharTokenizer:
     return CharTokenizer()
 
 
+@pytest.fixture
+def novel_folder(tmp_path):
+    """Three documents (the chapters of a synthetic novel): calibration and validation get whole documents."""
+    from tiny_texts import synthetic_novel
+
+    folder = tmp_path / "novel"
+    folder.mkdir()
+    chapters = synthetic_novel(n_chapters=3, n_paragraphs=12).split("Chapter ")[1:]
+    for k, text in enumerate(chapters):
+        (folder / f"part{k}.txt").write_text("Chapter " + text)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def gemma():
     """(model, tokenizer) of Gemma 3 270M, once a test module; skips where it is not installed."""

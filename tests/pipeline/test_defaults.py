@@ -17,18 +17,6 @@ SMALL = dict(seq_len=16, n_calibration=4, n_validation=4, solver="enumerate", pr
 
 
 @pytest.fixture
-def novel_folder(tmp_path):
-    from tiny_texts import synthetic_novel
-
-    folder = tmp_path / "novel"
-    folder.mkdir()
-    chapters = synthetic_novel(n_chapters=3, n_paragraphs=12).split("Chapter ")[1:]
-    for k, text in enumerate(chapters):
-        (folder / f"part{k}.txt").write_text("Chapter " + text)
-    return folder
-
-
-@pytest.fixture
 def tokenizer():
     from tiny_tokenizers import byte_level_tokenizer
 
