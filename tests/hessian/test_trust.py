@@ -113,7 +113,16 @@ def test_prune_depth_passes_remove_to_the_estimator(setup):
     model, windows, _ = setup
     splits = TokenSplits(windows, windows[:2], windows[:0], {})
     report = prune_depth(
-        model, None, remove=M, estimator="trust", splits=splits, top_k=3, validate=2, progress=False, cache_dir=None
+        model,
+        None,
+        remove=M,
+        estimator="trust",
+        splits=splits,
+        top_k=3,
+        validate=2,
+        progress=False,
+        cache_dir=None,
+        refine=None,  # report.qubo is then the estimator's own
     )
     assert len(report.chosen_blocks) == M
     assert report.qubo.metadata["options"]["remove"] == M
