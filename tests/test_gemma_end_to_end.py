@@ -24,8 +24,9 @@ def test_gemma_prunes_end_to_end(gemma, tmp_path):
     splits = make_splits(tok, seq_len=32, n_calibration=2, n_validation=2, n_test=0, seed=0, model=model)
     assert (splits.calibration[:, 0] == tok.bos_token_id).all() and (splits.validation[:, 0] == tok.bos_token_id).all()
     report = prune_depth(
-        model, tok, splits=splits, remove=4, top_k=3, validate=3, batch_size=2, cache_dir=None, progress=False
-    )
+        model, tok, splits=splits, remove=4, top_k=3, validate=3, batch_size=2, cache_dir=None, progress=False,
+        refine=None, select=None,  # the validated path: the default's refine and race are tested on tiny models
+    )  # fmt: skip
     pruned = report.pruned_model
     assert pruned.config.num_hidden_layers == 14 and len(pruned.config.layer_types) == 14
     assert len(report.chosen_blocks) == 4
