@@ -17,11 +17,11 @@ pipeline's own test split (*Persuasion*) and the Python docs (``cbo.data.domains
 route's test PPL over the validated route's or a reference's) carries a paired bootstrap 95 % interval over the test
 windows; below 1 means the route chose better.
 
-Full settings: 32 calibration and 32 validation windows of 128 tokens (the pipeline's), a race of 96 fresh windows (the default),
-64 test windows per domain, M = 8, 12 and 15. ``--quick``: a tiny run for the test suite. The results of M = 8 and
-15 in ``benchmarks/results/final_choice/`` were run with ``--select 480``.
+Full settings: 32 calibration and 32 validation windows of 128 tokens (the pipeline's), a race of 96 fresh
+windows (the default), 64 test windows per domain, M = 8, 12 and 15. ``--quick``: a tiny run for the test suite.
+The results of M = 8, 12 and 15 in ``benchmarks/results/final_choice/`` were run with ``--select 480``.
 
-    python -m benchmarks.final_choice --remove 15 --refine 250 \\
+    python -m benchmarks.final_choice --remove 15 --refine 300 \\
         --reference benchmarks/results/search/full-layer-15-s0.json
 """
 
