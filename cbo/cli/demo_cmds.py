@@ -9,6 +9,7 @@ import typer
 from cbo.cli import app
 from cbo.cli.common import OVERWRITE_HELP, check_outputs, console, fail, plain
 from cbo.errors import CBOError
+from cbo.pipeline.options import DEFAULT_REFINE, DEFAULT_SELECT
 
 
 @app.command()
@@ -24,8 +25,9 @@ def demo(
 
     console.print(
         f"[bold]CBO demo[/]: remove {remove} of the 30 blocks of SmolLM2-135M-Instruct, "
-        f"calibrated on Austen's novels: the QUBO is refined with 300 FPE of measurements, the {validate} best "
-        "states are validated on held-out text and raced on up to 96 fresh windows of it (the default pipeline)."
+        f"calibrated on Austen's novels: the QUBO is refined with {DEFAULT_REFINE:g} FPE of measurements, the "
+        f"{validate} best states are validated on held-out text and raced on up to {DEFAULT_SELECT} fresh windows "
+        "of it (the default pipeline)."
     )
     try:
         check_outputs(folders=(out,), overwrite=overwrite)

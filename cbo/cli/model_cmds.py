@@ -32,7 +32,7 @@ from cbo.cli.common import (
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 from cbo.files import output_lock
-from cbo.pipeline.options import DEFAULT_ESTIMATOR
+from cbo.pipeline.options import DEFAULT_ESTIMATOR, DEFAULT_REFINE, DEFAULT_SELECT
 
 ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
 
@@ -164,7 +164,7 @@ def prune(
         "--refine",
         help="Refine the QUBO with measurements before validating: BUDGET in forward-pass equivalents (one FPE ="
         " one full forward pass over one calibration window) for the rounds after the estimate (the estimate and"
-        " the validation are paid apart). Default: 300 for --method cbo; --no-refine turns it off.",
+        f" the validation are paid apart). Default: {DEFAULT_REFINE:g} for --method cbo; --no-refine turns it off.",
     ),
     no_refine: bool = typer.Option(False, "--no-refine", help="No refinement: validate the QUBO's own states."),
     select: Optional[int] = typer.Option(
@@ -172,7 +172,7 @@ def prune(
         "--select",
         help="Race the validated states on up to N fresh windows of the validation text (rounds of 32, 64, 128, ..."
         " windows; a finalist is dropped once it is clearly worse, paired by window) and choose the winner."
-        " Default: 96 for --method cbo; --no-select turns it off (the lowest validation KL is chosen).",
+        f" Default: {DEFAULT_SELECT} for --method cbo; --no-select turns it off (the lowest validation KL is chosen).",
     ),
     no_select: bool = typer.Option(False, "--no-select", help="No final race: the lowest validation KL is chosen."),
     select_criterion: str = typer.Option(

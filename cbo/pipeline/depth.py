@@ -25,7 +25,7 @@ from cbo.checks import check_int
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
 from cbo.pipeline.final_selection import check_select, no_fresh_windows, select_final, selection_work
 from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
-from cbo.pipeline.options import Data, Estimate, Run, Search, option_groups, options_json
+from cbo.pipeline.options import AUTO, Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo.block_qubo import BlockQUBO, Constraints
 
@@ -175,7 +175,7 @@ def prune_depth(
         check_int(label, getattr(search, label), lo=least, error=CBOError)
     n_calibration = data.n_calibration if data.splits is None else len(data.splits.calibration)
     search = replace(search, refine=check_refine(search.refine, method, n_calibration))
-    auto_select = isinstance(search.select, str)  # "auto" (any other string fails in check_select)
+    auto_select = search.select == AUTO
     select, select_options = check_select(search.select, search.select_options, method, search.validate)
     search = replace(search, select=select, select_options=select_options if select is not None else None)
     dtype, device = check_run_options(
@@ -216,9 +216,9 @@ def prune_depth(
     )  # fmt: skip
     validate = search.validate
     work: dict[str, Any] = {}
-    if auto_select and select is not None and no_fresh_windows(tokenizer, splits) is not None:
-        # the default race needs fresh windows of a known text; said in the report, not raised
-        work["selection"] = {"skipped": no_fresh_windows(tokenizer, splits)}
+    why = no_fresh_windows(tokenizer, splits) if auto_select and select is not None else None
+    if why is not None:  # the default race needs fresh windows of a known text; said in the report, not raised
+        work["selection"] = {"skipped": why}
         select = None
         search = replace(search, select=None, select_options=None)
     if splits.validation.shape[0] == 0 and (validate > 0 or method != "cbo"):
@@ -321,10 +321,10 @@ def check_refine(refine: Any, method: str, n_calibration: int) -> float | None:
     """The refine budget checked before any work: a positive FPE count (for the rounds after the estimate) that
     pays at least one round of :class:`cbo.search.options.RefineOptions`' defaults; ``"auto"`` (the default):
     ``DEFAULT_REFINE`` (at least one round) for method ``cbo``, none for a baseline."""
-    from cbo.pipeline.options import AUTO, DEFAULT_REFINE
+    from cbo.pipeline.options import DEFAULT_REFINE
     from cbo.search.options import RefineOptions, check_budget
 
-    if isinstance(refine, str) and refine == AUTO:  # the default: refine CBO's QUBO, leave the baselines alone
+    if refine == AUTO:  # the default: refine CBO's QUBO, leave the baselines alone
         if method != "cbo":
             return None
         refine = max(DEFAULT_REFINE, RefineOptions().round_cost(max(int(n_calibration), 1), first=True))

@@ -32,7 +32,7 @@ def check_select(select: Any, options: Any, method: str, validate: int) -> tuple
             )
         options = SelectionOptions(**options)
     options = options or SelectionOptions()
-    if isinstance(select, str) and select == AUTO:  # the default: race CBO's validated states when there are two
+    if select == AUTO:  # the default: race CBO's validated states when there are two
         if method != "cbo" or validate < 2:
             return None, options
         select = DEFAULT_SELECT
