@@ -35,6 +35,7 @@ from typing import Any
 
 from benchmarks import depth_harness as D
 from benchmarks import harness as C
+from benchmarks.search_report import EQUAL
 
 NAME = "final_choice"
 FULL = {
@@ -75,15 +76,35 @@ def parse(argv: list[str] | None) -> Any:
     return C.parse_with_defaults(p, argv, FULL, QUICK)
 
 
+def splits_for(args: Any, tokenizer: Any, model: Any, seed: int) -> Any:
+    """The splits of one seed, as the search grid draws them (``benchmarks.search_methods.Point``): the seed picks
+    the calibration and validation windows; the test windows are the same for every seed (drawn with seed 0)."""
+    from dataclasses import replace
+
+    from cbo.data.windows import make_splits
+
+    def draw(s: int) -> Any:
+        return make_splits(
+            tokenizer, seq_len=args.seq_len, n_calibration=args.calibration, n_validation=args.validation,
+            n_test=args.test, seed=s, model=model,
+        )  # fmt: skip
+
+    chosen = draw(seed)
+    if seed == 0:
+        return chosen
+    test = draw(0)
+    info = {**chosen.info, "hash": {**chosen.info["hash"], "test": test.info["hash"]["test"]}, "test_seed": 0}
+    return replace(chosen, test=test.test, info=info)
+
+
 def test_sets(args: Any, tokenizer: Any, splits: Any, model: Any) -> dict[str, Any]:
-    """The test windows by domain: the pipeline's test split and, when installed, the second domain."""
+    """The test windows by domain: the pipeline's test split and, when installed, the second domain (the same
+    windows for every seed)."""
     from cbo.data.domains import domain_installed, load_test_domain
 
     out = {"austen": splits.test}
     if domain_installed(DOMAIN):
-        out[DOMAIN] = load_test_domain(
-            DOMAIN, tokenizer, n=args.test, seq_len=args.seq_len, seed=args.seed, model=model
-        )
+        out[DOMAIN] = load_test_domain(DOMAIN, tokenizer, n=args.test, seq_len=args.seq_len, seed=0, model=model)
     else:
         print(f"test domain {DOMAIN} not installed (cbo setup): measured on the novels only", flush=True)
     return out
@@ -115,13 +136,17 @@ def routes(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed
 
 
 def references(args: Any, remove: int, seed: int) -> dict[str, Any]:
-    """``--reference`` files' sets for this point (``{"point": {"remove", "seed"}, "methods": {name: {"removed",
-    "fpe"}}}``, e.g. the search grid's EvoPress and SLEB at the same splits), keyed by method."""
+    """``--reference`` files' sets for this point, keyed by method: ``{"point": {"remove", "seed"}, "methods":
+    {name: {"removed", "fpe"}}}``, or a search grid point's ``point.json`` (``benchmarks.search``: ``{"spec",
+    "evaluations"}``, its layer points only; the incumbent at equal cost is left out), whose splits are the same."""
     out = {}
     for path in C.split_list(args.reference or ""):
         ref = json.loads(Path(path).read_text())
-        if int(ref["point"]["remove"]) == remove and int(ref["point"]["seed"]) == seed:
-            out.update({name: m for name, m in ref["methods"].items() if name not in ROUTES})
+        point, methods = (ref["spec"], ref["evaluations"]) if "spec" in ref else (ref["point"], ref["methods"])
+        if point.get("granularity", "layer") != "layer":
+            continue
+        if int(point["remove"]) == remove and int(point["seed"]) == seed:
+            out.update({name: m for name, m in methods.items() if name not in ROUTES and name != EQUAL})
     return out
 
 
@@ -169,14 +194,13 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
 
 def run(r: C.Run) -> dict[str, Any]:
     args = r.args
-    model, tokenizer, splits = D.load(
-        args, n_calibration=args.calibration, n_validation=args.validation, n_test=args.test
-    )
-    rows = [
-        point(args, model, tokenizer, splits, int(m), int(s))
-        for m in C.split_list(args.remove)
-        for s in C.split_list(args.seeds)
-    ]
+    from cbo.model.loading import load_model
+
+    model, tokenizer = load_model(args.model, device=D.device_of(args))
+    rows = []
+    for s in map(int, C.split_list(args.seeds)):
+        splits = splits_for(args, tokenizer, model, s)
+        rows += [point(args, model, tokenizer, splits, int(m), s) for m in C.split_list(args.remove)]
     return r.header(rows=rows, select=args.select, criterion=args.criterion, refine=args.refine, seq_len=args.seq_len)
 
 

@@ -36,10 +36,6 @@ def demo(
     except CBOError as exc:
         fail(exc)
     report.print(console)
-    if report.selection is not None:
-        from cbo.pipeline.final_selection import selection_table
-
-        console.print(selection_table(report.selection))
     console.print(f"charged: {report.work['total_fpe']:.0f} FPE (forward passes over one 128-token window)")
     t = report.timings
     console.print("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in t.items()))

@@ -291,10 +291,6 @@ def prune(
             typer.echo(json.dumps(data, indent=1))
         else:
             report.print(console)
-            if report.selection is not None:
-                from cbo.pipeline.final_selection import selection_table
-
-                console.print(selection_table(report.selection))
             if task_results is not None:
                 console.print(tasks_table(task_results))
             t = report.timings

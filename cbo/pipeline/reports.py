@@ -364,6 +364,17 @@ class DepthReport(Report):
         return [self.qubo.save(directory / "qubo.cboq")] if self.qubo is not None else []
 
     # ------------------------------------------------------------------ display
+    def print(self, console: Any = None) -> None:
+        """The ranked states' table and, when the final selection raced them, the race's table."""
+        from rich.console import Console
+
+        console = console or Console()
+        console.print(self.table())
+        if self.selection is not None:
+            from cbo.pipeline.final_selection import selection_table
+
+            console.print(selection_table(self.selection))
+
     def table(self) -> Any:
         """A rich table: rank, removed blocks, energy, validated KL / PPL / agreement; the choice marked."""
         from rich.table import Table

@@ -453,6 +453,7 @@ def _metadata(prior: BlockQUBO, rounds: list[dict[str, Any]]) -> dict[str, Any]:
         **{k: v for k, v in prior.metadata.items() if k in ("model", "model_fingerprint", "granularity", "loss")},
         "estimator": "refine",
         "prior_estimator": prior.metadata.get("estimator"),
+        "prior_options": prior.metadata.get("options"),  # the estimate's own options (None for a singles prior)
         "rounds": len(rounds),
         "fpe": rounds[-1]["fpe"] if rounds else None,
         "energy": "E(x) = 0.5 x^T H x - g.x: the posterior-mean surrogate of the measured loss",

@@ -328,3 +328,52 @@ def test_final_choice_quick(installed, tmp_path):
         name, base = key.split("/")
         assert low <= ratio <= high and math.isclose(ratio, austen["ppl"][name] / austen["ppl"][base], rel_tol=1e-9)
     assert (out / "final_choice.md").read_text().startswith("# The final choice")
+
+
+def test_final_choice_reads_the_search_grids_points(tmp_path):
+    from benchmarks import final_choice as F
+
+    grid = tmp_path / "point.json"  # benchmarks.search's point.json: the spec and each method's evaluation
+    grid.write_text(
+        json.dumps(
+            {
+                "spec": {"name": "layer-12-s1", "granularity": "layer", "remove": 12, "seed": 1},
+                "evaluations": {
+                    "evopress": {"removed": [3, 1], "fpe": 2500.0, "test_ppl": 1.0},
+                    "sleb": {"removed": [4, 2], "fpe": 2360},
+                    "evopress@refine-fpe": {"removed": [5, 6], "fpe": 600.0},  # the anytime comparison: not a method
+                },
+            }
+        )
+    )
+    sub = tmp_path / "sub.json"
+    sub.write_text(json.dumps({"spec": {"granularity": "sublayer", "remove": 12, "seed": 1}, "evaluations": {"x": {}}}))
+    plain = tmp_path / "plain.json"
+    plain.write_text(
+        json.dumps({"point": {"remove": 12, "seed": 1}, "methods": {"validated": {}, "other": {"fpe": 1}}})
+    )
+    args = F.parse(["--reference", f"{grid},{sub},{plain}"])
+    refs = F.references(args, 12, 1)
+    assert sorted(refs) == ["evopress", "other", "sleb"]  # the routes' own names and the sublayer point left out
+    assert refs["evopress"]["removed"] == [3, 1] and refs["sleb"]["fpe"] == 2360
+    assert F.references(args, 12, 0) == {} and F.references(args, 15, 1) == {}
+
+
+@pytest.mark.model
+def test_final_choice_splits_per_seed_share_the_test_windows(installed):
+    import torch
+
+    from benchmarks import final_choice as F
+    from cbo.data.windows import make_splits
+    from cbo.model.loading import resolve_model
+    from cbo.surgery.io import load_tokenizer
+
+    tok = load_tokenizer(resolve_model("smollm2-135m"))
+    args = F.parse(["--quick"])
+    zero, one = (F.splits_for(args, tok, None, s) for s in (0, 1))
+    kw = dict(seq_len=args.seq_len, n_calibration=args.calibration, n_validation=args.validation)
+    grid = make_splits(tok, **kw, n_test=0, seed=1)  # what benchmarks.search's point at seed 1 draws
+    assert torch.equal(one.calibration, grid.calibration) and torch.equal(one.validation, grid.validation)
+    assert not torch.equal(one.calibration, zero.calibration)
+    assert torch.equal(one.test, zero.test) and one.info["hash"]["test"] == zero.info["hash"]["test"]
+    assert one.info["seed"] == 1 and one.info["documents"] == zero.info["documents"]

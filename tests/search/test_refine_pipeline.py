@@ -49,7 +49,9 @@ def test_refine_chooses_a_set_at_least_as_good_on_validation(tiny_model, tiny_wi
     assert refined.work["total_fpe"] == pytest.approx(plain.work["total_fpe"] + work["fpe"] + 4 * extra, abs=0.05)
     assert refined.options["search"]["refine"] == 2000 and plain.options["search"]["refine"] is None
     assert "refine" in refined.timings
-    assert refined.qubo.metadata["estimator"] == "refine"
+    meta = refined.qubo.metadata  # the surrogate says which estimate it refined, with that estimate's options
+    assert meta["estimator"] == "refine" and meta["prior_estimator"] == plain.qubo.metadata["estimator"]
+    assert meta["prior_options"] == plain.qubo.metadata["options"] and meta["prior_options"]
     again = json.loads(json.dumps(refined.to_json()))  # the report stays JSON
     assert again["work"]["refine"]["rounds"] == work["rounds"]
 

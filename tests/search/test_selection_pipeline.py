@@ -67,6 +67,12 @@ def test_prune_depth_races_the_validated_states(tiny_model, novel_folder, tokeni
     loaded = DepthReport.from_json(json.loads(json.dumps(report.to_json())))
     assert loaded.selection == json.loads(json.dumps(sel))
     assert loaded.states.info["selection"]["stopped"] == sel["stopped"]
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    loaded.print(console)  # the ranked states, then the race (Python users see what the CLI shows)
+    shown = console.export_text()
+    assert shown.index("validation") < shown.index(f"final selection by perplexity on {sel['windows']} fresh windows")
 
     # a rerun with the same seed chooses the same set and measures nothing new (the measurement cache)
     again = prune_depth(model, tokenizer, novel_folder, select=40, select_options=dict(first=8), **kw)
