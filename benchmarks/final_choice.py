@@ -18,7 +18,10 @@ route's test PPL over the validated route's or a reference's) carries a paired b
 windows; below 1 means the route chose better.
 
 Full settings: 32 calibration and 32 validation windows of 128 tokens (the pipeline's), a race of 96 fresh
-windows (the default), 64 test windows per domain, M = 8, 12 and 15. ``--quick``: a tiny run for the test suite.
+windows (the default), 64 test windows per domain, M = 8, 12 and 15 (``--seeds``: each seed draws its own
+calibration and validation windows, as the search grid does; the test windows are the same for every seed), and
+``--granularity sublayer`` (M attention and M MLP halves, M layers' parameters). ``--quick``: a tiny run for the
+test suite.
 The results of M = 8, 12 and 15 in ``benchmarks/results/final_choice/`` were run with ``--select 480``.
 
     python -m benchmarks.final_choice --remove 15 --refine 300 \\
@@ -68,6 +71,13 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--seeds", help="comma-separated seeds (default 0)")
     p.add_argument("--criterion", default="ce", choices=("ce", "kl"), help="what the race compares")
     p.add_argument("--refine", type=float, help="also refine with this budget (FPE of the rounds), then race")
+    p.add_argument(
+        "--granularity",
+        default="layer",
+        choices=("layer", "sublayer"),
+        help="sublayer: M attention and M MLP halves removed (M layers' parameters), as the search grid's sublayer "
+        "points",
+    )
     p.add_argument(
         "--reference",
         help="comma-separated json files of other methods' sets at the same splits (e.g. "
@@ -122,6 +132,8 @@ def routes(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed
     common = dict(
         remove=remove, splits=splits, seed=seed, cache_dir=cache, progress=False, batch_size=args.batch_size,
     )  # fmt: skip
+    if args.granularity == "sublayer":  # M attention and M MLP halves, as benchmarks.search's sublayer points
+        common.update(remove=2 * remove, granularity="sublayer", caps={"attention": remove, "mlp": remove})
     race = {"select": args.select, "select_options": {"criterion": args.criterion}}
     extra = {
         "validated": {"refine": None, "select": None},
@@ -138,12 +150,13 @@ def routes(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed
 def references(args: Any, remove: int, seed: int) -> dict[str, Any]:
     """``--reference`` files' sets for this point, keyed by method: ``{"point": {"remove", "seed"}, "methods":
     {name: {"removed", "fpe"}}}``, or a search grid point's ``point.json`` (``benchmarks.search``: ``{"spec",
-    "evaluations"}``, its layer points only; the incumbent at equal cost is left out), whose splits are the same."""
+    "evaluations"}``; the incumbent at equal cost is left out), whose splits are the same; the points of this run's
+    granularity only."""
     out = {}
     for path in C.split_list(args.reference or ""):
         ref = json.loads(Path(path).read_text())
         point, methods = (ref["spec"], ref["evaluations"]) if "spec" in ref else (ref["point"], ref["methods"])
-        if point.get("granularity", "layer") != "layer":
+        if point.get("granularity", "layer") != args.granularity:
             continue
         if int(point["remove"]) == remove and int(point["seed"]) == seed:
             out.update({name: m for name, m in methods.items() if name not in ROUTES and name != EQUAL})
@@ -165,6 +178,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
         sets[name], fpe[name] = sorted(ref["removed"]), float(ref["fpe"])
     row: dict[str, Any] = {
         "remove": remove,
+        "granularity": args.granularity,
         "seed": seed,
         "sets": sets,
         "fpe": fpe,
@@ -173,7 +187,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
         "refine": reports["refined"].work["refine"] if "refined" in reports else None,
         "test": {},
     }
-    blocks = find_blocks(model, "layer")
+    blocks = find_blocks(model, args.granularity)
     names = list(sets)
     for domain, windows in test_sets(args, tokenizer, splits, model).items():
         ce = Measurer(model, blocks, windows, batch_size=args.batch_size, retain=False).losses(list(sets.values())).ce
@@ -222,7 +236,8 @@ def markdown(result: dict[str, Any]) -> str:
             ]
             for name, s in row["sets"].items()
         ]
-        parts.append(f"## M = {row['remove']}, seed {row['seed']}\n\n" + C.md_table(head, body))
+        where = " (sublayer: M attention and M MLP halves)" if row.get("granularity") == "sublayer" else ""
+        parts.append(f"## M = {row['remove']}{where}, seed {row['seed']}\n\n" + C.md_table(head, body))
         ratios = next(iter(row["test"].values()))["ratio"]
         head = ["ratio", *row["test"]]
         body = [

@@ -357,6 +357,21 @@ def test_final_choice_reads_the_search_grids_points(tmp_path):
     assert sorted(refs) == ["evopress", "other", "sleb"]  # the routes' own names and the sublayer point left out
     assert refs["evopress"]["removed"] == [3, 1] and refs["sleb"]["fpe"] == 2360
     assert F.references(args, 12, 0) == {} and F.references(args, 15, 1) == {}
+    sublayer = F.parse(["--reference", f"{grid},{sub}", "--granularity", "sublayer"])
+    assert F.references(sublayer, 12, 1) == {"x": {}}
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_final_choice_quick_sublayer(installed, tmp_path):
+    out = tmp_path / "out"
+    run_script("final_choice", "--quick", "--threads", "1", "--granularity", "sublayer", "--out", str(out))
+    (row,) = json.loads((out / "final_choice.json").read_text())["rows"]
+    assert row["granularity"] == "sublayer" and set(row["sets"]) == {"validated", "raced"}
+    for s in row["sets"].values():  # M = 2: two attention and two MLP halves of the 60 (even: attention)
+        assert len(s) == 4 and sum(i % 2 == 0 for i in s) == 2
+    assert row["selection"]["raced"]["chosen"] == row["sets"]["raced"]
+    assert "sublayer" in (out / "final_choice.md").read_text()
 
 
 @pytest.mark.model
