@@ -154,6 +154,7 @@ class Measurer:
             call that needed it returns (one-shot validation: the least memory).
         unit_windows: the number of windows one forward-pass equivalent stands for (default: all of these).
         progress: show a progress bar over the batches of each call.
+        label: the progress bar's name (what is measured: "validation", "race: windows 32-96", ...).
     """
 
     def __init__(
@@ -168,6 +169,7 @@ class Measurer:
         retain: bool = True,
         unit_windows: int | None = None,
         progress: bool = False,
+        label: str = "measuring",
     ) -> None:
         check_int("batch_size", batch_size, 1)
         if not isinstance(windows, torch.Tensor) or windows.dim() != 2 or windows.shape[0] == 0:
@@ -184,6 +186,7 @@ class Measurer:
         self.retain = retain
         self.unit_windows = int(unit_windows or windows.shape[0])
         self.progress = progress
+        self.label = label
         self._meters: dict[tuple[int, int], RemovalLosses] = {}
         self._work = Work()
 
@@ -224,7 +227,7 @@ class Measurer:
         base_ce = np.zeros(n)
         device = input_device(self.model)
         spans = [(s, min(s + self.batch_size, n)) for s in range(0, n, self.batch_size)]
-        bar = progress_bar(self.progress and bool(keys), total=len(spans), desc="measuring")
+        bar = progress_bar(self.progress and bool(keys), total=len(spans), desc=self.label)
         try:
             for start, stop in spans:
                 meter = self._meters.get((start, stop))

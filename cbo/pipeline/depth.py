@@ -501,7 +501,9 @@ def validate_candidates(
     from cbo.measure.measurer import MeasureCache, Measurer
 
     cache = MeasureCache(cache_dir, model, blocks) if cache_dir is not None else None
-    measurer = Measurer(model, blocks, windows, batch_size=batch_size, cache=cache, retain=False, progress=progress)
+    measurer = Measurer(
+        model, blocks, windows, batch_size=batch_size, cache=cache, retain=False, progress=progress, label="validation"
+    )
     measured = candidates[: max(validate, 1)]
     out = measurer.losses([removed for _, removed, _ in measured])
     metrics = {key: out.metrics(k) for k, key in enumerate(out.sets)}

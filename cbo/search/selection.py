@@ -368,7 +368,7 @@ class PoolSource:
         windows = self.pool[start:stop]
         measurer = Measurer(
             self.model, self.blocks, windows, batch_size=self.batch_size, cache=self.cache, retain=False,
-            unit_windows=1, progress=self.progress,
+            unit_windows=1, progress=self.progress, label=f"race: windows {start}-{stop}",
         )  # fmt: skip
         out = measurer.losses(sets)
         self.work = self.work + measurer.work

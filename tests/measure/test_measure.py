@@ -174,6 +174,18 @@ def test_measurer_returns_per_sequence_losses_on_the_first_windows(tiny_model, t
     assert (measurer.work - before).original_passes == 0
 
 
+def test_the_progress_bar_says_what_is_measured(tiny_model, tiny_windows, capsys):
+    model = tiny_model("llama", n_layers=3)
+    windows = tiny_windows(model, n=4, seq_len=8)
+    blocks = find_blocks(model, "layer")
+    Measurer(model, blocks, windows, batch_size=2, progress=True, label="race: windows 0-4").losses([(1,)])
+    assert "race: windows 0-4" in capsys.readouterr().err
+    Measurer(model, blocks, windows, batch_size=2, progress=True).losses([(1,)])
+    assert "measuring" in capsys.readouterr().err
+    Measurer(model, blocks, windows, batch_size=2, label="validation").losses([(1,)])  # no bar without progress
+    assert capsys.readouterr().err == ""
+
+
 def test_fpe_count_every_call_by_its_parameters(tiny_model, tiny_windows):
     model = tiny_model("llama", n_layers=5)
     windows = tiny_windows(model, n=4, seq_len=8)
