@@ -12,7 +12,8 @@ Routes at each point (M, seed), each ``prune_depth`` on the same splits:
 Each route measures anew (the measurement cache is emptied before it; the estimate is cached and charged from its
 metadata), so every route is charged what a fresh run spends, in one unit (a forward over one window). With
 ``--reference FILE`` other methods' sets at the same splits (the search grid's EvoPress and SLEB) are measured
-beside, charged their own recorded FPE. Every set is then measured window by window on the test windows: the
+beside, charged their own recorded FPE; so is one-at-a-time (the M blocks whose single removal costs least: the
+validated route's ground state, charged its estimate). Every set is then measured window by window on the test windows: the
 pipeline's own test split (*Persuasion*) and the Python docs (``cbo.data.domains``, when installed). Each ratio (a
 route's test PPL over the validated route's or a reference's) carries a paired bootstrap 95 % interval over the test
 windows; below 1 means the route chose better.
@@ -163,6 +164,16 @@ def references(args: Any, remove: int, seed: int) -> dict[str, Any]:
     return out
 
 
+def one_at_a_time(validated: Any, splits: Any) -> dict[str, Any]:
+    """One-at-a-time, the M blocks whose removal alone costs least (within the caps at sublayer granularity): the
+    ground state of the validated route's diagonal ``singles`` QUBO, charged that estimate (its single removals
+    measured on every calibration window); nothing when the route used another estimator."""
+    if validated.states is None or validated.qubo.metadata.get("estimator") != "singles":
+        return {}
+    charge = float(validated.work["estimate_fpe"]) * int(splits.calibration.shape[0])
+    return {"one-at-a-time": {"removed": validated.states.removed(0), "fpe": charge}}
+
+
 def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed: int) -> dict[str, Any]:
     """One (M, seed): every route's choice and cost, the references', and their per-window test NLL on every
     domain, each as a PPL ratio against the validated route's and against each reference's (paired bootstrap)."""
@@ -173,7 +184,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
     reports = routes(args, model, tokenizer, splits, remove, seed)
     sets = {name: sorted(r.chosen_blocks) for name, r in reports.items()}
     fpe = {name: r.work["total_fpe"] for name, r in reports.items()}  # one unit: a forward over one window
-    refs = references(args, remove, seed)
+    refs = {**one_at_a_time(reports["validated"], splits), **references(args, remove, seed)}
     for name, ref in refs.items():
         sets[name], fpe[name] = sorted(ref["removed"]), float(ref["fpe"])
     row: dict[str, Any] = {

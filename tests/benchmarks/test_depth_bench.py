@@ -312,8 +312,9 @@ def test_final_choice_quick(installed, tmp_path):
     data = json.loads((out / "final_choice.json").read_text())
     (row,) = data["rows"]
     sets, fpe = row["sets"], row["fpe"]
-    assert row["remove"] == 2 and set(sets) == {"validated", "raced", "refined", "other"}
+    assert row["remove"] == 2 and set(sets) == {"validated", "raced", "refined", "other", "one-at-a-time"}
     assert all(len(s) == 2 for s in sets.values()) and sets["other"] == [10, 11] and fpe["other"] == 99.0
+    assert 0 < fpe["one-at-a-time"] < fpe["validated"]  # the estimate alone, no validation
     assert (
         row["selection"]["raced"]["chosen"] == sets["raced"]
         and row["selection"]["refined"]["chosen"] == sets["refined"]
@@ -323,7 +324,7 @@ def test_final_choice_quick(installed, tmp_path):
     assert fpe["refined"] > fpe["validated"] + row["refine"]["fpe"]
     austen = row["test"]["austen"]
     assert austen["windows"] == 8
-    for key in ("raced/validated", "refined/validated", "validated/other", "refined/other"):
+    for key in ("raced/validated", "refined/validated", "validated/other", "refined/other", "refined/one-at-a-time"):
         ratio, low, high = austen["ratio"][key]
         name, base = key.split("/")
         assert low <= ratio <= high and math.isclose(ratio, austen["ppl"][name] / austen["ppl"][base], rel_tol=1e-9)
@@ -367,7 +368,7 @@ def test_final_choice_quick_sublayer(installed, tmp_path):
     out = tmp_path / "out"
     run_script("final_choice", "--quick", "--threads", "1", "--granularity", "sublayer", "--out", str(out))
     (row,) = json.loads((out / "final_choice.json").read_text())["rows"]
-    assert row["granularity"] == "sublayer" and set(row["sets"]) == {"validated", "raced"}
+    assert row["granularity"] == "sublayer" and set(row["sets"]) == {"validated", "raced", "one-at-a-time"}
     for s in row["sets"].values():  # M = 2: two attention and two MLP halves of the 60 (even: attention)
         assert len(s) == 4 and sum(i % 2 == 0 for i in s) == 2
     assert row["selection"]["raced"]["chosen"] == row["sets"]["raced"]
@@ -392,3 +393,39 @@ def test_final_choice_splits_per_seed_share_the_test_windows(installed):
     assert not torch.equal(one.calibration, zero.calibration)
     assert torch.equal(one.test, zero.test) and one.info["hash"]["test"] == zero.info["hash"]["test"]
     assert one.info["seed"] == 1 and one.info["documents"] == zero.info["documents"]
+
+
+def test_final_choice_summary_checks_each_point(tmp_path, capsys):
+    from benchmarks import final_choice_summary as S
+
+    def row(remove, evo_fpe, evo, sleb, ones):
+        ratios = {"refined/evopress": evo, "refined/sleb": sleb, "refined/one-at-a-time": ones}
+        return {
+            "remove": remove,
+            "seed": 0,
+            "sets": {"validated": [1], "refined": [2], "evopress": [3], "sleb": [4], "one-at-a-time": [5]},
+            "fpe": {"validated": 800, "refined": 1400, "evopress": evo_fpe, "sleb": 2700, "one-at-a-time": 600},
+            "test": {d: {"ratio": ratios} for d in ("austen", "pydocs")},
+        }
+
+    good = row(15, 2843, [1.01, 0.97, 1.04], [0.9, 0.85, 0.95], [0.95, 0.9, 0.99])  # a tie with EvoPress
+    costly = row(12, 2000, [0.99, 0.95, 1.02], [0.9, 0.8, 1.01], [0.9, 0.85, 0.95])  # 70 % of EvoPress's FPE
+    worse = row(8, 2843, [1.05, 1.02, 1.08], [0.9, 0.8, 0.95], [0.9, 0.85, 0.95])  # beyond noise
+    old = {"remove": 8, "seed": 1, "sets": {"default": [1], "refined": [2]}, "fpe": {"default": 1, "refined": 2}}
+    old["test"] = {"austen": {"ratio": {"refined/default": [0.9, 0.8, 1.0]}}}  # the first files' name
+    files = []
+    for k, rows in enumerate(([good, costly], [worse, old])):
+        files.append(tmp_path / f"r{k}.json")
+        files[-1].write_text(json.dumps({"rows": rows, "select": 96}))
+    rows = S.rows_of([str(f) for f in files])
+    assert [(r["remove"], r["seed"]) for r in rows] == [(8, 0), (8, 1), (12, 0), (15, 0)]
+    assert [S.checks(r)["≤ EvoPress at ≤ 50 % FPE"] for r in rows] == ["no", "–", "no", "yes"]
+    assert [S.checks(r)["beats sleb"] for r in rows] == ["yes", "–", "no", "yes"]
+    assert S.checks(rows[1])["beats one-at-a-time"] == "–" and S.ratio(rows[1], "austen", "validated") == [
+        0.9,
+        0.8,
+        1.0,
+    ]
+    text = S.main([*map(str, files), "--out", str(tmp_path / "summary.md")])
+    assert text == (tmp_path / "summary.md").read_text() == capsys.readouterr().out
+    assert "| M = 15, s0 | 96 | 1400 | 0.49 | 1.010 [0.970, 1.040] |" in text
