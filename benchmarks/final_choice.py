@@ -23,7 +23,8 @@ windows (the default), 64 test windows per domain, M = 8, 12 and 15 (``--seeds``
 calibration and validation windows, as the search grid does; the test windows are the same for every seed), and
 ``--granularity sublayer`` (M attention and M MLP halves, M layers' parameters). ``--quick``: a tiny run for the
 test suite.
-The results of M = 8, 12 and 15 in ``benchmarks/results/final_choice/`` were run with ``--select 480``.
+The results ``m8-s0``, ``m12-s0`` and ``m15-s0`` in ``benchmarks/results/final_choice/`` were run with ``--select
+480``; the ``-select96`` ones with the default.
 
     python -m benchmarks.final_choice --remove 15 --refine 300 \\
         --reference benchmarks/results/search/full-layer-15-s0.json

@@ -69,13 +69,13 @@ def renamed(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def rows_of(paths: list[str]) -> list[dict[str, Any]]:
-    """Every row with the route, labelled with its file's race budget and the file's name."""
+    """Every row with the route, labelled with its file's race budget."""
     rows = []
     for path in paths:
         result = json.loads(Path(path).read_text())
         for row in map(renamed, result["rows"]):
             if ROUTE in row["sets"]:
-                rows.append({**row, "select": result.get("select"), "file": Path(path).name})
+                rows.append({**row, "select": result.get("select")})
     rows.sort(key=lambda r: (r.get("granularity", "layer"), r["remove"], r["seed"], r["select"] or 0))
     return rows
 
