@@ -413,14 +413,21 @@ def test_final_choice_summary_checks_each_point(tmp_path, capsys):
     worse = row(8, 2843, [1.05, 1.02, 1.08], [0.9, 0.8, 0.95], [0.9, 0.85, 0.95])  # beyond noise
     old = {"remove": 8, "seed": 1, "sets": {"default": [1], "refined": [2]}, "fpe": {"default": 1, "refined": 2}}
     old["test"] = {"austen": {"ratio": {"refined/default": [0.9, 0.8, 1.0]}}}  # the first files' name
+    sub = {**row(8, 3000, [0.98, 0.95, 1.01], None, None), "granularity": "sublayer"}  # BlockPruner beside
+    sub["test"] = {
+        d: {"ratio": {"refined/evopress": [0.98, 0.95, 1.01], "refined/blockpruner": [0.9, 0.85, b]}}
+        for d, b in (("austen", 0.97), ("pydocs", 1.02))
+    }
     files = []
-    for k, rows in enumerate(([good, costly], [worse, old])):
+    for k, rows in enumerate(([good, costly, sub], [worse, old])):
         files.append(tmp_path / f"r{k}.json")
         files[-1].write_text(json.dumps({"rows": rows, "select": 96}))
     rows = S.rows_of([str(f) for f in files])
-    assert [(r["remove"], r["seed"]) for r in rows] == [(8, 0), (8, 1), (12, 0), (15, 0)]
-    assert [S.checks(r)["≤ EvoPress at ≤ 50 % FPE"] for r in rows] == ["no", "–", "no", "yes"]
-    assert [S.checks(r)["beats sleb"] for r in rows] == ["yes", "–", "no", "yes"]
+    assert [(r["remove"], r["seed"]) for r in rows] == [(8, 0), (8, 1), (12, 0), (15, 0), (8, 0)]  # sublayer last
+    assert [S.checks(r)["≤ EvoPress at ≤ 50 % FPE"] for r in rows] == ["no", "–", "no", "yes", "yes"]
+    assert [S.checks(r)["beats sleb"] for r in rows] == ["yes", "–", "no", "yes", "–"]
+    # BlockPruner is measured at the sublayer point only; its pydocs interval holds 1, so no win there
+    assert [S.checks(r)["beats blockpruner"] for r in rows] == ["–", "–", "–", "–", "no"]
     assert S.checks(rows[1])["beats one-at-a-time"] == "–" and S.ratio(rows[1], "austen", "validated") == [
         0.9,
         0.8,
@@ -429,3 +436,4 @@ def test_final_choice_summary_checks_each_point(tmp_path, capsys):
     text = S.main([*map(str, files), "--out", str(tmp_path / "summary.md")])
     assert text == (tmp_path / "summary.md").read_text() == capsys.readouterr().out
     assert "| M = 15, s0 | 96 | 1400 | 0.49 | 1.010 [0.970, 1.040] |" in text
+    assert "| M = 8 sublayer, s0 | 96 | 1400 | 0.47 |" in text and "÷ blockpruner, pydocs" in text
