@@ -16,11 +16,13 @@ import contextlib
 import copy
 import logging
 import os
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from cbo.downstream.local_tasks import LOCAL_TAG, LOCAL_TASKS, ensure_local_tasks, installed_local_tasks
+from cbo.downstream.standard_tasks import GROUPS, ensure_standard_tasks, standard_names
 from cbo.errors import DataError, InvalidOptionError, UnknownNameError
 from cbo.extras import require
 from cbo.model.loading import silenced
@@ -39,6 +41,11 @@ def parse_tasks(tasks: str | Sequence[str]) -> list[str]:
 
 def uses_local_tasks(names: Sequence[str]) -> bool:
     return any(n in LOCAL_TASKS or n == LOCAL_TAG for n in names)
+
+
+def uses_standard_tasks(names: Sequence[str]) -> bool:
+    known = set(standard_names())
+    return any(n in known for n in names)
 
 
 def check_eval_options(limit: Any, num_fewshot: Any, batch_size: Any = 1) -> int | float | None:
@@ -60,16 +67,23 @@ def check_eval_options(limit: Any, num_fewshot: Any, batch_size: Any = 1) -> int
     return value
 
 
-def task_manager(names: Sequence[str], include_path: str | Path | None = None) -> Any:
-    """An lm-eval ``TaskManager`` that knows the local tasks (written from the default text first if missing) and
-    ``include_path``.
+def known_task_names() -> list[str]:
+    """The groups and tasks CBO defines: the standard suite's and the local ones."""
+    return [*standard_names(), LOCAL_TAG, *LOCAL_TASKS]
 
-    When every name is a local task, lm-eval's own task index (thousands of YAML files, most of a minute to
-    read) is skipped.
+
+def task_manager(names: Sequence[str], include_path: str | Path | None = None) -> Any:
+    """An lm-eval ``TaskManager`` that knows the standard suite and the local tasks (written first if missing)
+    and ``include_path``.
+
+    When every name is CBO's own, lm-eval's task index (thousands of YAML files, most of a minute to read) is
+    skipped; otherwise CBO's tasks are read after it and take precedence over lm-eval's tasks of the same names
+    (which would download their data).
 
     Raises:
-        UnknownNameError: a name is no task, group or tag of lm-eval or the local tasks (checked before any
-            model work).
+        UnknownNameError: a name is no task, group or tag of lm-eval or CBO (checked before any model work).
+        DataError: a standard task is asked for and its data package is missing (the message holds the command
+            that installs it).
     """
     require("lm_eval", "downstream evaluation")
     from lm_eval.tasks import TaskManager
@@ -78,18 +92,25 @@ def task_manager(names: Sequence[str], include_path: str | Path | None = None) -
         raise DataError(
             f"--include-path {str(include_path)!r} is not a folder; give the folder that holds the task YAML files."
         )
-    paths = [str(installed_local_tasks() or ensure_local_tasks())] if uses_local_tasks(names) else []
+    ours = set(known_task_names())
+    paths = []
+    if uses_standard_tasks(names):
+        paths.append(str(ensure_standard_tasks()))
+    if uses_local_tasks(names):
+        paths.append(str(installed_local_tasks() or ensure_local_tasks()))
     if include_path is not None:
         paths.append(str(Path(include_path).expanduser()))
-    only_local = include_path is None and all(n in LOCAL_TASKS or n == LOCAL_TAG for n in names)
+    only_ours = include_path is None and all(n in ours for n in names)
     with _quiet_logs(True):
-        manager = TaskManager(include_path=paths or None, include_defaults=not only_local)
+        manager = TaskManager(include_path=paths or None, include_defaults=not only_ours)
     known = set(manager.all_tasks)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UnknownNameError(
-            f"unknown lm-eval task(s) {unknown}; the local tasks are {[*LOCAL_TASKS, LOCAL_TAG]} (made from the "
-            f"default text), and any of the {len(known)} tasks, groups and tags of this lm-eval installation "
+            f"unknown lm-eval task(s) {unknown}; CBO's groups are {[*GROUPS, LOCAL_TAG]} (the standard suite: "
+            "zeroshot = arc_easy, arc_challenge, hellaswag, piqa, winogrande, boolq, lambada_openai; mmlu = its 57 "
+            "subjects mmlu_<subject>; selection = the validation splits used for decisions; austen = "
+            f"{list(LOCAL_TASKS)}), and any of the {len(known)} tasks, groups and tags of this lm-eval installation "
             "run when their data is in the datasets cache (`lm_eval ls tasks` lists them)"
         )
     return manager
@@ -179,6 +200,32 @@ def _metrics(result: dict) -> dict[str, float]:
     return out
 
 
+def run_units(names: Sequence[str]) -> list[str]:
+    """The names one lm-eval call each: the groups without an aggregate (``zeroshot``, ``selection``) split into
+    their members, so progress, results and interruptions go task by task; ``mmlu`` stays whole (lm-eval
+    aggregates it)."""
+    units: list[str] = []
+    for name in names:
+        members = GROUPS.get(name) if name != "mmlu" else None
+        units.extend(members if members else [name])
+    return list(dict.fromkeys(units))
+
+
+def _item_scores(samples: list[dict]) -> dict[int, dict[str, float]]:
+    """``{doc_id: {metric: value}}`` from lm-eval's logged samples (the metrics each item got)."""
+    out: dict[int, dict[str, float]] = {}
+    for sample in samples:
+        scores = {}
+        for key in sample.get("metrics", ()):
+            value = sample.get(key)
+            if isinstance(value, (int, float)):
+                scores[key] = float(value)
+            elif isinstance(value, (tuple, list)) and value and isinstance(value[0], (int, float)):
+                scores[key] = float(value[0])  # perplexity logs (loglikelihood, is-greedy)
+        out[int(sample["doc_id"])] = scores
+    return out
+
+
 def evaluate_tasks(
     model: Any,
     tokenizer: Any,
@@ -193,70 +240,111 @@ def evaluate_tasks(
     include_path: str | Path | None = None,
     progress: bool = True,
     manager: Any = None,
+    item_scores: dict | None = None,
+    on_task: Callable[[str, dict[str, dict[str, float]]], None] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Run lm-eval tasks on an in-memory model; returns ``{task: {metric: value}}`` (plain floats), tasks in the
-    order given (the tasks of a tag or group by name). Each task's entry also holds ``"n"``, the number of items
-    evaluated.
+    """Run lm-eval tasks on an in-memory model; returns ``{task: {metric: value}}`` (plain floats, with lm-eval's
+    standard errors as ``<metric>_stderr``), tasks in the order given (the tasks of a group in its order). Each
+    task's entry also holds ``"n"``, the number of items evaluated, and, for CBO's tasks, ``"of"``, the number
+    in the split.
 
     Args:
         model, tokenizer: a causal LM (pruned or not) and its tokenizer, used as they are.
-        tasks: names (a list or ``"a,b"``): the local ``austen_cloze`` / ``austen_choice`` (tag ``austen``) or
-            any task of this lm-eval installation whose data is cached.
-        limit: items per task (an int) or a fraction (a float below 1); ``None`` = all.
-        num_fewshot: examples in each prompt (``None``: the task's default, 0 for the local tasks).
+        tasks: names (a list or ``"a,b"``): the standard suite (``zeroshot`` = ``arc_easy``, ``arc_challenge``,
+            ``hellaswag``, ``piqa``, ``winogrande``, ``boolq``, ``lambada_openai``; ``mmlu``; ``selection``),
+            the local ``austen_cloze`` / ``austen_choice`` (tag ``austen``), or any task of this lm-eval
+            installation whose data is cached.
+        limit: items per task (an int) or a fraction (a float below 1); ``None`` = all. On CBO's tasks a seeded
+            random subset (see :mod:`cbo.downstream.subsets`); on others lm-eval's first items.
+        num_fewshot: examples in each prompt (``None``: the task's default, 0 for the suite and the local tasks).
         batch_size: requests per forward pass.
         max_length: longest input (default: the model's context length).
-        seed: seeds lm-eval's sampling of few-shot examples.
+        seed: seeds the subset and lm-eval's sampling of few-shot examples.
         bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexity); 0 skips them.
         include_path: a folder of further task YAML files.
-        progress: lm-eval's progress bars and messages (False: quiet).
+        progress: a line per task and lm-eval's progress bars (False: quiet).
         manager: the ``TaskManager`` of an earlier :func:`task_manager` call for the same names (checked
             names, and lm-eval's task index read once).
+        item_scores: a dict to fill with ``{task: {doc_id: {metric: value}}}``, each item's own score (for
+            paired comparisons of two models on the same items).
+        on_task: called with ``(name, results so far)`` after each task (or ``mmlu`` as a whole) finishes, so a
+            caller can save finished work.
 
     Raises:
         UnknownNameError: a task lm-eval does not know (before the model runs).
-        DataError: a task's data is not in the local datasets cache (nothing is downloaded).
+        DataError: a task's data is not installed or cached (nothing is downloaded).
     """
-    lm_eval = require("lm_eval", "downstream evaluation")
+    require("lm_eval", "downstream evaluation")
     require("datasets", "downstream evaluation")
+    from cbo.downstream.subsets import subset_plan
+
     limit = check_eval_options(limit, num_fewshot, batch_size)
     names = parse_tasks(tasks)
     manager = manager if manager is not None else task_manager(names, include_path)
+    units = run_units(names)
+    plan = subset_plan(units, limit, seed)
     lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=max_length)
     was_training = getattr(model, "training", False)
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for i, unit in enumerate(units):
+            if progress:
+                print(f"[{i + 1}/{len(units)}] {unit}: {plan.describe(unit)}", file=sys.stderr, flush=True)
+            samples = {t: plan.samples[t] for t in plan.members.get(unit, ()) if t in plan.samples}
+            settings = {"samples": samples} if samples else {"limit": None if unit in plan.members else plan.first}
+            out = _run(
+                lm, unit, manager, num_fewshot, bootstrap_iters, seed, progress, item_scores is not None, settings
+            )
+            found = {task: _metrics(values) for task, values in out.get("results", {}).items()}
+            for task, counts in out.get("n-samples", {}).items():
+                if task in found:
+                    found[task]["n"] = float(counts.get("effective", counts.get("original", 0)))
+                    if task in plan.totals:
+                        found[task]["of"] = float(plan.totals[task])
+            if item_scores is not None:
+                for task, logged in (out.get("samples") or {}).items():
+                    item_scores[task] = _item_scores(logged)
+            results.update({task: values for task, values in found.items() if values})
+            if on_task is not None:
+                on_task(unit, results)
+    finally:
+        model.train(was_training)
+    order = [n for n in units if n in results] + [t for t in results if t not in units]
+    return {task: results[task] for task in order}
+
+
+def _run(lm, unit, manager, num_fewshot, bootstrap_iters, seed, progress, log_samples, settings) -> dict:
+    """One lm-eval ``simple_evaluate`` call on one task or group, offline."""
+    import lm_eval
+
     try:
         with hub_offline(), _quiet_logs(not progress), silenced(not progress):
             out = lm_eval.simple_evaluate(
                 model=lm,
-                tasks=names,
+                tasks=[unit],
                 task_manager=manager,
                 num_fewshot=num_fewshot,
-                limit=limit,
                 bootstrap_iters=bootstrap_iters,
-                log_samples=False,
+                log_samples=log_samples,
                 random_seed=seed,
                 numpy_random_seed=seed,
                 torch_random_seed=seed,
                 fewshot_random_seed=seed,
+                **settings,
             )
     except (ConnectionError, FileNotFoundError) as exc:
         raise DataError(
-            f"the data of task(s) {names} is not in the local datasets cache and nothing is downloaded at run "
-            f"time ({type(exc).__name__}: {exc}). Use the local tasks {list(LOCAL_TASKS)}, or cache the "
-            "dataset once where the Hub is reachable."
+            f"the data of task {unit!r} is not installed or in the local datasets cache, and nothing is downloaded "
+            f"at run time ({type(exc).__name__}: {exc}). Use the standard suite or the local tasks (`cbo setup` "
+            "installs both), or cache the dataset once where the Hub is reachable."
         ) from exc
-    finally:
-        model.train(was_training)
-    found = {task: _metrics(values) for task, values in (out or {}).get("results", {}).items()}
-    for task, counts in (out or {}).get("n-samples", {}).items():
-        if task in found:
-            found[task]["n"] = float(counts.get("effective", counts.get("original", 0)))
-    order = [n for n in names if n in found] + sorted(t for t in found if t not in names)
-    return {task: found[task] for task in order}  # in the order asked for; a tag's tasks by name
+    return out or {}
 
 
 __all__ = [
     "evaluate_tasks",
+    "known_task_names",
+    "run_units",
     "harness_model",
     "hub_offline",
     "parse_tasks",

@@ -317,6 +317,15 @@ def installed_local_tasks(folder: str | Path | None = None) -> Path | None:
     return folder if all(f.is_file() for f in files) else None
 
 
+def local_task_items(folder: str | Path | None = None) -> dict[str, int] | None:
+    """``{task: items}`` of the local tasks written earlier; None when they are not written."""
+    found = installed_local_tasks(folder)
+    if found is None:
+        return None
+    manifest = json.loads((found / MANIFEST).read_text())
+    return {name: int(manifest["items"][name]) for name in LOCAL_TASKS}
+
+
 def ensure_local_tasks(
     folder: str | Path | None = None, *, text: str | Path | None = None, sizes: TaskSizes | None = None
 ) -> Path:
@@ -376,6 +385,7 @@ __all__ = [
     "cloze_items",
     "ensure_local_tasks",
     "installed_local_tasks",
+    "local_task_items",
     "local_tasks_dir",
     "split_sentences",
     "task_configs",
