@@ -54,21 +54,21 @@ def eval_tasks(
         from cbo.model.loading import load_model
 
         limit = check_eval_options(limit, num_fewshot, batch_size)
-        from cbo.cli.common import check_outputs
+        from cbo.cli.common import claim_outputs
 
-        check_outputs((output,))
-        names = parse_tasks(tasks)
-        manager = task_manager(names, include_path)  # unknown names fail before the model is loaded
-        if not quiet:
-            typer.echo(f"loading {model} ...", err=True)
-        m, tok = load_model(model, quiet=quiet)
-        settings = {"limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "seed": seed}
-        results = evaluate_tasks(m, tok, names, progress=not quiet, manager=manager, **settings)
+        with claim_outputs((output,), inputs=(model,)):
+            names = parse_tasks(tasks)
+            manager = task_manager(names, include_path)  # unknown names fail before the model is loaded
+            if not quiet:
+                typer.echo(f"loading {model} ...", err=True)
+            m, tok = load_model(model, quiet=quiet)
+            settings = {"limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "seed": seed}
+            results = evaluate_tasks(m, tok, names, progress=not quiet, manager=manager, **settings)
+            if output is not None:
+                record = {"model": model, "tasks": names, "settings": settings, "results": results}
+                atomic_write_text(output, json.dumps(record, indent=2) + "\n")
     except CBOError as exc:
         typer.echo(f"eval failed: {exc}", err=True)
         raise typer.Exit(1) from exc
     for line in format_results(results):
         typer.echo(line)
-    if output is not None:
-        record = {"model": model, "tasks": names, "settings": settings, "results": results}
-        atomic_write_text(output, json.dumps(record, indent=2) + "\n")
