@@ -68,7 +68,7 @@ def heal(
     # the heal's settings, checked here (before any loading) and then passed to the heal itself
     settings = dict(steps=steps, method=method, lr=lr, batch_size=batch_size, schedule=schedule, warmup=warmup)
     settings |= dict(temperature=temperature, lora_rank=lora_rank, seed=seed)
-    held = contextlib.ExitStack()
+    held = contextlib.ExitStack()  # --out, held until the command ends
     try:
         check_heal_options(**settings)
         if checkpoint_every is not None and checkpoint_every < 1:
@@ -83,9 +83,11 @@ def heal(
         # which non-empty folders it writes into)
         held.enter_context(claim_outputs(folders=(out,), inputs=(pruned, teacher), texts=(text,), overwrite=True))
         check_out(out, resume)
-    except CBOError as exc:
+    except BaseException as exc:
         held.close()
-        fail(exc)
+        if isinstance(exc, CBOError):
+            fail(exc)
+        raise
 
     from cbo.data.windows import make_splits
     from cbo.model.loading import load_model, quiet_loading

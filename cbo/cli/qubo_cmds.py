@@ -88,32 +88,29 @@ def solve(
     """
     from cbo.solvers import solve as run_solve
 
-    held = contextlib.ExitStack()  # the outputs, held until they are written
-    try:
-        held.enter_context(claim_outputs((out, plot), inputs=(file,), replace_files=overwrite))
-        qubo = BlockQUBO.load(file)
-        opts = common.parse_options(option, "--option")
-        c = qubo.constraints
-        states = run_solve(
-            qubo,
-            remove,
-            solver,
-            top,
-            seed=seed,
-            time_limit=time_limit,
-            keep=union_blocks(qubo, c.keep, keep),
-            force=union_blocks(qubo, c.force, force),
-            progress=not as_json,
-            **opts,
-        )
-    except CBOError as exc:
-        held.close()
-        fail(exc)
-    except KeyboardInterrupt:
-        held.close()
-        err_console.print("[yellow]interrupted before any state was found.[/]")
-        raise typer.Exit(130) from None
-    with held:
+    with contextlib.ExitStack() as held:  # the outputs, held until they are written
+        try:
+            held.enter_context(claim_outputs((out, plot), inputs=(file,), replace_files=overwrite))
+            qubo = BlockQUBO.load(file)
+            opts = common.parse_options(option, "--option")
+            c = qubo.constraints
+            states = run_solve(
+                qubo,
+                remove,
+                solver,
+                top,
+                seed=seed,
+                time_limit=time_limit,
+                keep=union_blocks(qubo, c.keep, keep),
+                force=union_blocks(qubo, c.force, force),
+                progress=not as_json,
+                **opts,
+            )
+        except CBOError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted before any state was found.[/]")
+            raise typer.Exit(130) from None
         if out:
             states.save(out)
         if plot:
