@@ -397,16 +397,6 @@ def output_folder(path: str | os.PathLike, *, kind: str = OUTPUT_KIND) -> Iterat
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def record_written(folder: str | os.PathLike, paths: Sequence[str | os.PathLike]) -> None:
-    """Add files CBO wrote straight into ``folder`` to its record of the files it wrote, so that a later command
-    may write there again without ``overwrite`` (what :func:`output_folder` writes is recorded already)."""
-    folder = Path(folder)
-    record = written_record(folder) or {"kind": OUTPUT_KIND}
-    names = {os.path.relpath(p, folder) for p in paths}
-    record["files"] = sorted(set(record.get("files", [])) | names)
-    atomic_write_bytes(folder / WRITTEN_MARKER, json.dumps(record, indent=1).encode())
-
-
 def lock_file(path: Path) -> Path:
     """The lock of the output ``path``: ``.NAME.cbo-lock`` beside it."""
     return path.parent / f".{path.name}.cbo-lock"

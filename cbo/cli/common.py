@@ -132,6 +132,8 @@ def claim_outputs(
     outputs = [p for p in (*files, *folders) if p is not None]
     sources = input_paths(inputs)
     for path in outputs:
+        if path in files and path.is_dir():
+            continue  # a folder given for a file: check_outputs says so
         check_apart(path, sources, "output folder" if path in folders else "output file")
         for text in texts:
             if text is not None and Path(text).expanduser().resolve() == Path(path).expanduser().resolve():
