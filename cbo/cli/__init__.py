@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import signal
+from typing import Any
 
 import typer
 
@@ -34,7 +37,24 @@ def register_commands() -> None:
         importlib.import_module(module)
 
 
+def stop_on_sigterm() -> None:
+    """End this process on SIGTERM (``kill``, a scheduler's stop) as on Ctrl-C: a KeyboardInterrupt unwinds the
+    command, so its staging folders and output locks are removed and it says what it kept. A process forked from
+    this one dies of SIGTERM as usual."""
+    owner = os.getpid()
+
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main() -> None:
     """Entry point of the ``cbo`` console script."""
     register_commands()
+    stop_on_sigterm()
     app()

@@ -1,5 +1,6 @@
 """What every command module shares: the consoles, the one way an error ends a command, the parsers of
-``KEY=VALUE`` options and block lists, and the output-path checks every writing command runs before its work.
+``KEY=VALUE`` options and block lists, and the one rule every writing command applies to its outputs before its
+work (:func:`claim_outputs`).
 Command modules import these instead of keeping their own copies.
 
 Text that comes from the user or from an error message (paths, model and block names, ``pip install 'cbo[gpu]'``)
@@ -8,7 +9,9 @@ goes through rich escaped (:func:`plain`), so brackets in it print as they are i
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -82,6 +85,64 @@ def check_outputs(
     for path in folders:
         if path is not None:
             check_output_dir(path, overwrite=overwrite)
+
+
+def input_paths(inputs: tuple[Any, ...]) -> list[Path]:
+    """Where the inputs of a command lie: an installable model's folder for its name (``smollm2-135m``), the path
+    itself for a file or folder that exists; hub ids, ``synthetic:...`` instances and ``None`` are skipped."""
+    from cbo.model.loading import MODEL_ASSETS, model_dir
+
+    paths = []
+    for item in inputs:
+        if item is None:
+            continue
+        name = str(item)
+        if name in MODEL_ASSETS:
+            paths.append(model_dir(name))
+        elif Path(name).expanduser().exists():
+            paths.append(Path(name).expanduser())
+    return paths
+
+
+@contextlib.contextmanager
+def claim_outputs(
+    files: tuple[Optional[Path], ...] = (),
+    folders: tuple[Optional[Path], ...] = (),
+    *,
+    inputs: tuple[Any, ...] = (),
+    texts: tuple[Any, ...] = (),
+    overwrite: bool = False,
+    make_parents: bool = False,
+    replace_files: bool | None = None,
+) -> Iterator[None]:
+    """The one rule of every command that writes, applied before its work and held while the block runs:
+
+    * an output that is, holds or lies inside an input (``inputs``: model names or folders, GGUF and QUBO files)
+      or that is one of the ``texts`` it reads is refused, ``--overwrite`` or not;
+    * the outputs are checked (:func:`check_outputs`: writable, tried with a real file; no foreign folder);
+    * each output is held (:func:`cbo.files.output_lock`), so that a second run writing it meanwhile is refused
+      before its work instead of both reporting success.
+
+    Raises:
+        OutputPathError: any of these fails (the locks taken so far are released).
+    """
+    from cbo.errors import OutputPathError
+    from cbo.files import check_apart, output_lock
+
+    outputs = [p for p in (*files, *folders) if p is not None]
+    sources = input_paths(inputs)
+    for path in outputs:
+        if path in files and path.is_dir():
+            continue  # a folder given for a file: check_outputs says so
+        check_apart(path, sources, "output folder" if path in folders else "output file")
+        for text in texts:
+            if text is not None and Path(text).expanduser().resolve() == Path(path).expanduser().resolve():
+                raise OutputPathError(f"the output {str(path)!r} is the text the command reads; choose another name.")
+    check_outputs(files, folders, overwrite=overwrite, make_parents=make_parents, replace_files=replace_files)
+    with contextlib.ExitStack() as locks:
+        for path in dict.fromkeys(outputs):
+            locks.enter_context(output_lock(path))
+        yield
 
 
 def parse_options(items: list[str], what: str = "option") -> dict[str, Any]:

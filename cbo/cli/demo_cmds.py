@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from cbo.cli import app
-from cbo.cli.common import OVERWRITE_HELP, check_outputs, console, fail, plain
+from cbo.cli.common import OVERWRITE_HELP, claim_outputs, console, fail, plain
 from cbo.errors import CBOError
 from cbo.pipeline.options import DEFAULT_REFINE, DEFAULT_SELECT
 
@@ -30,9 +30,9 @@ def demo(
         "of it (the default pipeline)."
     )
     try:
-        check_outputs(folders=(out,), overwrite=overwrite)
-        report = prune_depth("smollm2-135m", remove=remove, top_k=10, validate=validate, progress=True)
-        report.save_model(out)
+        with claim_outputs(folders=(out,), inputs=("smollm2-135m",), overwrite=overwrite):
+            report = prune_depth("smollm2-135m", remove=remove, top_k=10, validate=validate, progress=True)
+            report.save_model(out)
     except CBOError as exc:
         fail(exc)
     report.print(console)

@@ -66,22 +66,22 @@ def eval_tasks(
         from cbo.model.loading import load_model
 
         limit = check_eval_options(limit, num_fewshot, batch_size)
-        from cbo.cli.common import check_outputs
+        from cbo.cli.common import claim_outputs
 
-        check_outputs((output,))
-        names = parse_tasks(tasks)
-        manager = task_manager(names, include_path)  # unknown names fail before the model is loaded
-        if not quiet:
-            typer.echo(f"loading {model} ...", err=True)
-        m, tok = load_model(model, quiet=quiet)
-        settings = {"limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "seed": seed}
+        with claim_outputs((output,), inputs=(model,)):
+            names = parse_tasks(tasks)
+            manager = task_manager(names, include_path)  # unknown names fail before the model is loaded
+            if not quiet:
+                typer.echo(f"loading {model} ...", err=True)
+            m, tok = load_model(model, quiet=quiet)
+            settings = {"limit": limit, "num_fewshot": num_fewshot, "batch_size": batch_size, "seed": seed}
 
-        def save(_name: str, done: dict) -> None:
-            if output is not None:
-                record = {"model": model, "tasks": names, "settings": settings, "results": done}
-                atomic_write_text(output, json.dumps(record, indent=2) + "\n")
+            def save(_name: str, done: dict) -> None:
+                if output is not None:
+                    record = {"model": model, "tasks": names, "settings": settings, "results": done}
+                    atomic_write_text(output, json.dumps(record, indent=2) + "\n")
 
-        results = evaluate_tasks(m, tok, names, progress=not quiet, manager=manager, on_task=save, **settings)
+            results = evaluate_tasks(m, tok, names, progress=not quiet, manager=manager, on_task=save, **settings)
     except CBOError as exc:
         typer.echo(f"eval failed: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -9,7 +10,7 @@ from typing import Optional
 import typer
 
 from cbo.cli import app
-from cbo.cli.common import MODEL_HELP, QUIET_HELP, TEXT_HELP, console, err_console, fail, plain, say
+from cbo.cli.common import MODEL_HELP, QUIET_HELP, TEXT_HELP, claim_outputs, console, err_console, fail, plain, say
 from cbo.errors import CBOError, InvalidOptionError
 
 CHECKPOINT_FOLDER = "heal-checkpoint"  # inside --out, until the healed model is saved
@@ -67,6 +68,7 @@ def heal(
     # the heal's settings, checked here (before any loading) and then passed to the heal itself
     settings = dict(steps=steps, method=method, lr=lr, batch_size=batch_size, schedule=schedule, warmup=warmup)
     settings |= dict(temperature=temperature, lora_rank=lora_rank, seed=seed)
+    held = contextlib.ExitStack()  # --out, held until the command ends
     try:
         check_heal_options(**settings)
         if checkpoint_every is not None and checkpoint_every < 1:
@@ -77,9 +79,15 @@ def heal(
             raise InvalidOptionError(f"{str(pruned)!r} is not a saved model folder (no config.json)")
         if text is not None and not Path(text).exists():
             raise InvalidOptionError(f"--text {text!r} does not exist; give a text file, a folder or a .jsonl")
+        # --out: apart from the inputs, writable, and held until the command ends (check_out: heal's own rule of
+        # which non-empty folders it writes into)
+        held.enter_context(claim_outputs(folders=(out,), inputs=(pruned, teacher), texts=(text,), overwrite=True))
         check_out(out, resume)
-    except CBOError as exc:
-        fail(exc)
+    except BaseException as exc:
+        held.close()
+        if isinstance(exc, CBOError):
+            fail(exc)
+        raise
 
     from cbo.data.windows import make_splits
     from cbo.model.loading import load_model, quiet_loading
@@ -114,6 +122,7 @@ def heal(
             result.teacher = teacher
             result.model.config.cbo_recovery = result.record()
             result.save(out, tokenizer)
+            shutil.rmtree(ckpt, ignore_errors=True)  # the healed model is saved: the resumable state is not needed
     except KeyboardInterrupt:
         err_console.print(
             f"[bold yellow]interrupted[/] after step {last['step']} of {steps}; the checkpoint in {ckpt} keeps it. "
@@ -122,7 +131,8 @@ def heal(
         raise typer.Exit(130) from None
     except CBOError as exc:
         fail(exc)
-    shutil.rmtree(ckpt, ignore_errors=True)  # the healed model is saved: the resumable state is not needed
+    finally:
+        held.close()
     first, final = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"), float("nan"))
     say(quiet, f"distillation loss {first:.4f} -> {final:.4f} over {result.steps} steps ({result.seconds:.0f} s)")
     console.print(f"saved the healed model to {out} (load with cbo.load_pruned)")

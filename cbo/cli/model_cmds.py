@@ -20,7 +20,7 @@ from cbo.cli.common import (
     QUIET_HELP,
     SEQ_LEN_HELP,
     TEXT_HELP,
-    check_outputs,
+    claim_outputs,
     console,
     err_console,
     fail,
@@ -31,7 +31,6 @@ from cbo.cli.common import (
 )
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
-from cbo.files import output_lock
 from cbo.pipeline.options import DEFAULT_ESTIMATOR, DEFAULT_REFINE, DEFAULT_SELECT
 
 ESTIMATOR_HELP = "A registered Hessian estimator (`cbo estimators` lists them with their cost)"
@@ -61,8 +60,9 @@ def hessian(
     from cbo.model.loading import load_model
     from cbo.pipeline.inputs import cache_dirs, check_run_options
 
+    held = contextlib.ExitStack()  # the output, held until the command ends
     try:
-        check_outputs((output,))
+        held.enter_context(claim_outputs((output,), inputs=(model,), texts=(text,)))
         check_run_options(seq_len=seq_len, n_calibration=n_calibration, batch_size=batch_size, seed=seed)
         opts = parse_options(option, "--option")
         say(quiet, f"loading {model} ...")
@@ -90,6 +90,8 @@ def hessian(
         fail(exc)
     except KeyboardInterrupt:
         interrupted(cache)
+    finally:
+        held.close()
     md = qubo.metadata
     lin = qubo.linear
     order = lin.argsort()
@@ -190,14 +192,12 @@ def prune(
 
     locks = contextlib.ExitStack()
     try:
-        check_outputs(folders=(out, plots), overwrite=overwrite)
         if width is None and ratio is not None:
             raise CBOError(
                 f"--ratio {ratio} is a width-pruning fraction: give --width NAME with it (e.g. --width taylor), or "
                 "--remove M for depth pruning."
             )
-        for path in (out, plots):  # a second run writing the same folder meanwhile is refused
-            locks.enter_context(output_lock(path))
+        locks.enter_context(claim_outputs(folders=(out, plots), inputs=(model,), texts=(text,), overwrite=overwrite))
     except CBOError as exc:
         locks.close()
         fail(exc)
@@ -272,14 +272,14 @@ def prune(
                     loaded, report.pruned_model, tokenizer, tasks, tasks_limit, manager, quiet
                 )
             if out is not None:
-                report.save_model(out)
-                if task_results is not None:
-                    (Path(out) / "tasks.json").write_text(json.dumps(task_results, indent=1) + "\n")
-            written = _write_plots(report, plots) if plots is not None else []
-            if written:
-                from cbo.files import record_written
+                extra = {"tasks.json": json.dumps(task_results, indent=1) + "\n"} if task_results is not None else {}
+                report.save_model(out, extra_files=extra)
+            written = []
+            if plots is not None:
+                from cbo.files import output_folder
 
-                record_written(plots, written)
+                with output_folder(plots) as staging:  # listed as CBO's, replaced whole
+                    written = _write_plots(report, staging)
         except CBOError as exc:
             fail(exc)
         except KeyboardInterrupt:

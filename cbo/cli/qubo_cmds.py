@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -12,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app, common
-from cbo.cli.common import OVERWRITE_FILES_HELP, check_outputs, console, err_console, fail, plain
+from cbo.cli.common import OVERWRITE_FILES_HELP, claim_outputs, console, err_console, fail, plain
 from cbo.cli.tables import print_table
 from cbo.errors import CBOError
 from cbo.qubo.block_qubo import BlockQUBO
@@ -87,34 +88,35 @@ def solve(
     """
     from cbo.solvers import solve as run_solve
 
-    try:
-        check_outputs((out, plot), replace_files=overwrite)
-        qubo = BlockQUBO.load(file)
-        opts = common.parse_options(option, "--option")
-        c = qubo.constraints
-        states = run_solve(
-            qubo,
-            remove,
-            solver,
-            top,
-            seed=seed,
-            time_limit=time_limit,
-            keep=union_blocks(qubo, c.keep, keep),
-            force=union_blocks(qubo, c.force, force),
-            progress=not as_json,
-            **opts,
-        )
-    except CBOError as exc:
-        fail(exc)
-    except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted before any state was found.[/]")
-        raise typer.Exit(130) from None
-    if out:
-        states.save(out)
-    if plot:
-        from cbo.plot import plot_spectrum
+    with contextlib.ExitStack() as held:  # the outputs, held until they are written
+        try:
+            held.enter_context(claim_outputs((out, plot), inputs=(file,), replace_files=overwrite))
+            qubo = BlockQUBO.load(file)
+            opts = common.parse_options(option, "--option")
+            c = qubo.constraints
+            states = run_solve(
+                qubo,
+                remove,
+                solver,
+                top,
+                seed=seed,
+                time_limit=time_limit,
+                keep=union_blocks(qubo, c.keep, keep),
+                force=union_blocks(qubo, c.force, force),
+                progress=not as_json,
+                **opts,
+            )
+        except CBOError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted before any state was found.[/]")
+            raise typer.Exit(130) from None
+        if out:
+            states.save(out)
+        if plot:
+            from cbo.plot import plot_spectrum
 
-        plot_spectrum(states, path=plot)
+            plot_spectrum(states, path=plot)
     if as_json:
         typer.echo(json.dumps(states.to_json(), indent=1))
     else:
@@ -183,9 +185,9 @@ def qubo_random(
     from cbo.qubo.instances import random_block_qubo
 
     try:
-        check_outputs((output,), replace_files=overwrite)
-        q = random_block_qubo(n, seed, rank=rank, heavy_ends=heavy_ends)
-        q.save(output)
+        with claim_outputs((output,), replace_files=overwrite):
+            q = random_block_qubo(n, seed, rank=rank, heavy_ends=heavy_ends)
+            q.save(output)
     except CBOError as exc:
         fail(exc)
     console.print(plain(f"wrote {output} ({q!r})"))

@@ -115,14 +115,14 @@ def convert(
     try:
         if dtype not in DTYPES:
             raise InvalidOptionError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        from cbo.cli.common import check_outputs
+        from cbo.cli.common import claim_outputs
 
-        check_outputs(folders=(output,), overwrite=force)
-        import torch
+        with claim_outputs(folders=(output,), inputs=(gguf,), overwrite=force):
+            import torch
 
-        from cbo.data.convert import MANIFEST, convert_gguf
+            from cbo.data.convert import MANIFEST, convert_gguf
 
-        folder = convert_gguf(gguf, output, dtype=getattr(torch, dtype), overwrite=force, progress=not quiet)
+            folder = convert_gguf(gguf, output, dtype=getattr(torch, dtype), overwrite=force, progress=not quiet)
     except CBOError as exc:
         typer.echo(f"convert failed: {exc}", err=True)
         raise typer.Exit(1) from exc

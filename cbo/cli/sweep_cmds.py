@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -11,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cbo.cli import app
-from cbo.cli.common import check_outputs, console, err_console, fail
+from cbo.cli.common import claim_outputs, console, err_console, fail
 from cbo.errors import CBOError
 
 
@@ -77,8 +78,11 @@ def sweep(
     Ctrl-C, which stops the cell running and exits with status 130)."""
     from cbo.solvers.sweep import check_records_file, make_grid, results_table, run_sweep, write_table
 
+    held = contextlib.ExitStack()  # the record and the table, held until the command ends
     try:
-        check_outputs((out, table or out.with_suffix(".csv")), make_parents=True)
+        held.enter_context(
+            claim_outputs((out, table or out.with_suffix(".csv")), inputs=tuple(instance), make_parents=True)
+        )
         check_records_file(out)
         cells = make_grid(
             instance,
@@ -108,6 +112,8 @@ def sweep(
             "again to resume.[/]"
         )
         raise typer.Exit(130) from None
+    finally:
+        held.close()
     failed = [r for r in rows if r.get("status") != "ok"]
     if quiet:
         _exit_if_all_failed(rows, failed)

@@ -14,7 +14,7 @@ from cbo.cli.common import (
     CALIBRATION_HELP,
     OVERWRITE_HELP,
     SEQ_LEN_HELP,
-    check_outputs,
+    claim_outputs,
     console,
     fail,
     parse_options,
@@ -86,16 +86,16 @@ def compress(
     del options["json_out"], options["overwrite"]
     options["measure_speed"] = options.pop("speed")
     try:
-        check_outputs((json_out,), (out,), overwrite=overwrite)
-        options["score_options"] = parse_options(options.pop("option"), "score option")
-        report = run(tokenizer=None, progress=True, **options)
+        with claim_outputs((json_out,), (out,), inputs=(model,), texts=(text,), overwrite=overwrite):
+            options["score_options"] = parse_options(options.pop("option"), "score option")
+            report = run(tokenizer=None, progress=True, **options)
+            if json_out is not None:
+                report.save(json_out)
     except CBOError as exc:
         fail(exc)
     report.print(console)
     if out is not None:
         console.print(f"saved to {plain(out)} (load with cbo.load_pruned)")
-    if json_out is not None:
-        report.save(json_out)
 
 
 @app.command()

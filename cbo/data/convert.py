@@ -22,11 +22,11 @@ from typing import Any
 
 from cbo.errors import ModelError
 from cbo.extras import require
-from cbo.files import output_folder
+from cbo.files import CONVERTED_MANIFEST, MODEL_KIND, output_folder
 from cbo.model.loading import silenced, writable_dir
 
 GGUF_MAGIC = b"GGUF"
-MANIFEST = "cbo-manifest.json"
+MANIFEST = CONVERTED_MANIFEST
 
 
 def _say(progress: bool, message: str) -> None:
@@ -157,7 +157,7 @@ def convert_gguf(
         raise ModelError(f"transformers could not read the {arch!r} model in {str(source)!r}: {exc}") from exc
     detach_quantizer(model)
     seconds = time.perf_counter() - t0
-    with output_folder(output) as tmp, silenced(not progress):
+    with output_folder(output, kind=MODEL_KIND) as tmp, silenced(not progress):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         record = {

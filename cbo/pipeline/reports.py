@@ -7,8 +7,9 @@ each the same surface:
 * ``save(path)`` / ``Report.load(path)``: that summary as a file (``load`` of a folder written by
   ``save_model`` also loads the model and its tokenizer);
 * ``table()`` / ``print(console)``: a rich table of the evidence;
-* ``save_model(directory)``: the pruned model and tokenizer through the one save route
-  (:func:`cbo.surgery.io.save_pruned`), ``report.json`` and the report's own files (``save_artifacts``).
+* ``save_model(directory)``: the pruned model and tokenizer as the one save route writes them
+  (:func:`cbo.surgery.io.save_pruned`), ``report.json`` and the report's own files (``save_artifacts``), through
+  one staging folder.
 
 A subclass sets ``format`` (the ``"format"`` key of its JSON) and implements ``to_json``, ``from_json`` and
 ``table``; it keeps the pruned model in ``pruned_model`` and its tokenizer in ``tokenizer``. :class:`DepthReport`
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -129,16 +131,23 @@ class Report(ABC):
         """Write the report's own files beside the model (none by default); returns them."""
         return []
 
-    def save_model(self, directory: str | Path) -> Path:
-        """Save the pruned model and tokenizer (:func:`cbo.surgery.io.save_pruned`), the report and its files."""
-        from cbo.surgery.io import save_pruned
+    def save_model(self, directory: str | Path, extra_files: Mapping[str, str] | None = None) -> Path:
+        """Save the pruned model and tokenizer (as :func:`cbo.surgery.io.save_pruned` does), ``report.json``, the
+        report's own files and ``extra_files`` (name -> text), all through one staging folder
+        (:func:`cbo.files.output_folder`): an interrupted save leaves ``directory`` as it was, every file is listed
+        as CBO's, and a file an earlier save wrote there that this one does not (an earlier QUBO) is removed."""
+        from cbo.files import atomic_write_text, output_folder
+        from cbo.surgery.io import write_pruned_folder
 
         if self.pruned_model is None:
             raise CBOError("this report holds no model (it was loaded from its JSON alone); nothing to save.")
-        directory = save_pruned(self.pruned_model, directory, self.tokenizer)
-        self.save(directory / self.report_file)
-        self.save_artifacts(directory)
-        return directory
+        with output_folder(directory) as staging:
+            write_pruned_folder(self.pruned_model, staging, self.tokenizer)
+            self.save(staging / self.report_file)
+            self.save_artifacts(staging)
+            for name, text in (extra_files or {}).items():
+                atomic_write_text(staging / name, text)
+        return Path(directory).expanduser()
 
     # ------------------------------------------------------------------ display
     def print(self, console: Any = None) -> None:

@@ -44,7 +44,7 @@ from cbo.checks import check_float, check_int, check_seed
 from cbo.data.windows import check_windows, data_hash, model_vocab_size
 from cbo.errors import CorruptFileError, DataError, InvalidOptionError, ModelError
 from cbo.extras import require
-from cbo.files import CheckpointFile, atomic_write_text, record_written
+from cbo.files import CheckpointFile, atomic_write_text, output_folder
 from cbo.model.forward import input_device
 from cbo.model.structures import model_structures
 from cbo.progress import progress_bar
@@ -156,12 +156,12 @@ class HealResult:
 
     def save(self, path: str | os.PathLike, tokenizer: Any = None) -> Path:
         """Save the healed model like any pruned model (:func:`cbo.surgery.io.save_pruned`) plus ``heal.json``."""
-        from cbo.surgery.io import save_pruned
+        from cbo.surgery.io import write_pruned_folder
 
-        folder = save_pruned(self.model, path, tokenizer)
-        atomic_write_text(folder / "heal.json", json.dumps(self.to_dict(), indent=2, default=str) + "\n")
-        record_written(folder, [folder / "heal.json"])
-        return folder
+        with output_folder(path) as staging:  # one staging folder: heal.json is listed with the model's files
+            write_pruned_folder(self.model, staging, tokenizer)
+            atomic_write_text(staging / "heal.json", json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        return Path(path).expanduser()
 
 
 # ------------------------------------------------------------------------------------------ pieces
