@@ -1,0 +1,182 @@
+"""The grid at the pipeline's sizes in the field's currency: each method's removal set scored on the standard
+zero-shot suite (lm-eval, the papers' splits), with the paired difference default - method over the same items.
+
+For every point file of ``benchmarks.final_choice`` (its sets: the default route ``refined``, EvoPress, SLEB,
+one-at-a-time, BlockPruner where it ran) plus block influence (ShortGPT, ranked on the point's own calibration
+windows) and the unpruned model, the set is removed from the default model and scored task by task. Every score
+is cached per set and task under ``--cache`` (a stopped run loses only the task it was in, and a later run with
+the same ``--limit`` and ``--seed`` resumes). ``--limit N`` scores a seeded subset of N items per task (the same
+items for every method) and the report says so; without it every item is scored.
+
+    .venv/bin/python -m benchmarks.suite_grid --limit 200 --points m15-s0 --threads 2
+    .venv/bin/python -m benchmarks.suite_grid --report                  # the tables of the last run again
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks import harness as C
+
+RESULTS = Path(__file__).parent / "results"
+POINTS = {
+    "m8-s0": "m8-s0-select96.json",
+    "m12-s0": "m12-s0-select96.json",
+    "m15-s0": "m15-s0-select96.json",
+    "sub8-s0": "sub8-s0-select96.json",
+}
+METHODS = ("refined", "evopress", "sleb", "block_influence", "one-at-a-time", "blockpruner", "unpruned")
+LABEL = {"refined": "default (refine + race)", "unpruned": "unpruned"}
+
+
+def parse(argv: list[str] | None) -> Any:
+    p = C.parser(__doc__.splitlines()[0], out="suite_grid", progress=True)
+    p.add_argument("--points", default=",".join(POINTS), help=f"points ({', '.join(POINTS)})")
+    p.add_argument("--methods", default=",".join(METHODS), help="methods to score (those a point has)")
+    p.add_argument("--tasks", default="zeroshot", help="lm-eval tasks or groups (default: the zero-shot suite)")
+    p.add_argument("--limit", type=int, default=None, help="a seeded subset of this many items per task")
+    p.add_argument("--seed", type=int, default=0, help="seed of the subset")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--cache", type=Path, default=None, help="score cache (default: OUT/scores)")
+    C.add_report_arg(p, "suite_grid")
+    return p.parse_args(argv)
+
+
+def point_sets(name: str, model: Any, tokenizer: Any, methods: list[str]) -> dict[str, list[int]]:
+    """``{method: removed block indices}`` of one point (block influence ranked on the point's calibration)."""
+    data = json.loads((RESULTS / "final_choice" / POINTS[name]).read_text())
+    row = data["rows"][0]
+    sets = {m: list(row["sets"][m]) for m in methods if m in row["sets"]}
+    if "unpruned" in methods:
+        sets["unpruned"] = []
+    if "block_influence" in methods:
+        from argparse import Namespace
+
+        from benchmarks.final_choice import FULL, splits_for
+        from cbo.baselines import rank_blocks
+
+        splits = splits_for(Namespace(**FULL), tokenizer, model, int(row["seed"]))
+        ranking = rank_blocks("block_influence", model, splits, granularity=row["granularity"])
+        count = int(row["remove"]) if row["granularity"] == "layer" else len(row["sets"]["refined"])
+        sets["block_influence"] = sorted(int(i) for i in ranking.select(count))
+    return sets
+
+
+def _key(granularity: str, blocks: list[int], limit: int | None, seed: int) -> str:
+    subset = "all" if limit is None else f"limit{limit}-seed{seed}"
+    return f"{granularity}-{'-'.join(map(str, blocks)) or 'none'}-{subset}"
+
+
+def score_set(job: C.Run, granularity: str, blocks: list[int], model: Any, tokenizer: Any) -> dict:
+    """The suite's results and per-item scores of one removal set, from the cache or measured (task by task,
+    each saved when it finishes)."""
+    from cbo.downstream.harness import evaluate_tasks, parse_tasks, run_units
+    from cbo.files import atomic_write_text
+    from cbo.model.blocks import find_blocks
+    from cbo.pipeline.depth import prune_blocks
+
+    args = job.args
+    path = Path(args.cache or job.out / "scores") / f"{_key(granularity, blocks, args.limit, args.seed)}.json"
+    done = json.loads(path.read_text()) if path.is_file() else {"results": {}, "items": {}}
+    todo = [u for u in run_units(parse_tasks(args.tasks)) if u not in done["results"]]
+    if not todo:
+        return done
+    pruned = prune_blocks(model, find_blocks(model, granularity), blocks) if blocks else model
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for unit in todo:
+        items: dict = {}
+        results = evaluate_tasks(
+            pruned, tokenizer, [unit], limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+            progress=not args.no_progress, item_scores=items,
+        )  # fmt: skip
+        done["results"].update(results)
+        done["items"].update({t: {str(k): v for k, v in s.items()} for t, s in items.items()})
+        atomic_write_text(path, json.dumps(done) + "\n")
+    return done
+
+
+def compare(point: dict[str, dict]) -> dict[str, Any]:
+    """Per method: each task's reported metric, the average, LAMBADA's perplexity, and default - method."""
+    from cbo.downstream.scores import paired_difference, reported, suite_average
+    from cbo.downstream.suite_data import ZEROSHOT_TASKS
+
+    def items(scores: dict) -> dict:
+        return {t: {int(k): v for k, v in s.items()} for t, s in scores["items"].items()}
+
+    out = {}
+    base = point.get("refined")
+    for method, scores in point.items():
+        res = scores["results"]
+        row = {t.name: res.get(t.name, {}).get(reported(t.name)) for t in ZEROSHOT_TASKS}
+        row["average"] = suite_average(res)
+        row["lambada_ppl"] = res.get("lambada_openai", {}).get("perplexity")
+        row["n"] = {t: int(v.get("n", 0)) for t, v in res.items()}
+        if base is not None and method != "refined" and row["average"] is not None and suite_average(base["results"]):
+            row["default_minus"] = list(paired_difference(items(base), items(scores), "zeroshot"))
+        out[method] = row
+    return out
+
+
+def run(job: C.Run) -> dict:
+    args = job.args
+    from cbo.model.loading import load_model
+
+    model, tokenizer = load_model("smollm2-135m", quiet=True)
+    methods = C.split_list(args.methods)
+    points = {}
+    for name in C.split_list(args.points):
+        granularity = json.loads((RESULTS / "final_choice" / POINTS[name]).read_text())["rows"][0]["granularity"]
+        sets = point_sets(name, model, tokenizer, methods)
+        scored = {}
+        for method, blocks in sets.items():
+            if not args.no_progress:
+                print(f"{name} {method}: removing {blocks}", flush=True)
+            scores = score_set(job, granularity, blocks, model, tokenizer)
+            if scores["results"]:
+                scored[method] = scores
+        points[name] = {"sets": sets, "table": compare(scored)}
+        job.save(job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks))
+    return job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks)
+
+
+def markdown(result: dict) -> str:
+    from cbo.downstream.suite_data import ZEROSHOT_TASKS
+
+    names = [t.name for t in ZEROSHOT_TASKS]
+    subset = (
+        "every item"
+        if result["limit"] is None
+        else f"a seeded subset of {result['limit']} items per task (seed {result['seed']})"
+    )
+    lines = [f"# The grid on the standard zero-shot suite ({subset})", "", f"`{result['command']}`", ""]
+    for name, point in result["points"].items():
+        lines += [f"## {name}", ""]
+        header = ["method", *names, "average", "LAMBADA PPL", "default − method (avg, 95 % CI)"]
+        rows = []
+        for method, row in point["table"].items():
+            diff = row.get("default_minus")
+            rows.append([
+                LABEL.get(method, method), *[C.fmt(row[t], 3) for t in names], C.fmt(row["average"], 4),
+                C.fmt(row["lambada_ppl"], 4), "—" if diff is None else f"{diff[0]:+.4f} [{diff[1]:+.4f}, {diff[2]:+.4f}]",
+            ])  # fmt: skip
+        lines += [C.md_table(header, rows), ""]
+    trend = [
+        [name, f"{d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}]"]
+        for name, point in result["points"].items()
+        if (d := point["table"].get("block_influence", {}).get("default_minus")) is not None
+    ]
+    if trend:
+        lines += ["## The default's lead over block influence (average accuracy, default − block influence)", ""]
+        lines += [C.md_table(["point", "difference (95 % CI, paired over items)"], trend), ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    C.main("suite_grid", parse, run, markdown, argv=argv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
