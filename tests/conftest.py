@@ -12,8 +12,16 @@ Use them from any test module:
 
 from __future__ import annotations
 
+import os
+
 import pytest
-from tiny_models import (  # noqa: F401  (re-exported for fixtures)
+
+# Nothing is downloaded in tests: the Hub is off for transformers, datasets and lm-eval alike (set before any of
+# them is imported, since they read it once).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from tiny_models import (  # noqa: E402, F401  (re-exported for fixtures)
     EXTRA_ARCHS,
     TINY_ARCHS,
     TINY_VOCAB,
