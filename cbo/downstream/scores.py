@@ -29,10 +29,23 @@ def reported(task: str) -> str:
 
 def suite_average(results: Mapping[str, Mapping[str, float]]) -> float | None:
     """Mean of the seven zero-shot tasks' reported metrics; None unless all seven are in ``results``."""
-    names = [task.name for task in ZEROSHOT_TASKS]
-    if not all(reported(n) in results.get(n, {}) for n in names):
+    return average(results, [task.name for task in ZEROSHOT_TASKS])
+
+
+def average(results: Mapping[str, Mapping[str, float]], names: list[str]) -> float | None:
+    """Mean of the reported metrics of ``names`` (tasks, or groups lm-eval aggregates such as ``mmlu``); None
+    unless all of them are in ``results``."""
+    if not names or not all(reported(n) in results.get(n, {}) for n in names):
         return None
     return sum(results[n][reported(n)] for n in names) / len(names)
+
+
+def leaf_tasks(name: str) -> list[str]:
+    """The tasks whose items make up ``name`` (a group's subtasks, pooled as lm-eval's size-weighted mean pools
+    them)."""
+    from cbo.downstream.standard_tasks import expand
+
+    return expand(name)
 
 
 def item_vector(scores: Mapping[str, Mapping[int, Mapping[str, float]]], task: str, ids: list[int]) -> list[float]:
@@ -44,34 +57,55 @@ def item_vector(scores: Mapping[str, Mapping[int, Mapping[str, float]]], task: s
         raise DataError(f"no per-item {metric} of {task} item {exc}; evaluate both models on the same items") from exc
 
 
+def _pooled_difference(a, b, name: str):
+    """Per-item differences ``a - b`` over the items of ``name`` both were scored on (a group's subtasks pooled)."""
+    import numpy as np
+
+    parts = []
+    for task in leaf_tasks(name):
+        ids = sorted(set(a.get(task, {})) & set(b.get(task, {})))
+        if ids:
+            metric_task = task if name == task else name
+            a_vec = [float(a[task][i][reported(metric_task)]) for i in ids]
+            b_vec = [float(b[task][i][reported(metric_task)]) for i in ids]
+            parts.append(np.asarray(a_vec) - np.asarray(b_vec))
+    if not parts:
+        raise DataError(f"no items of {name} scored for both models")
+    return np.concatenate(parts)
+
+
 def paired_difference(
     a: Mapping[str, Mapping[int, Mapping[str, float]]],
     b: Mapping[str, Mapping[int, Mapping[str, float]]],
-    task: str,
+    task: str | list[str],
     resamples: int = 2000,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """Accuracy of ``a`` minus ``b`` on ``task`` over the items both were scored on, with a paired bootstrap 95 %
-    interval over items; ``task`` may be ``"zeroshot"`` (the difference of the seven tasks' average: each
-    bootstrap draw resamples every task's items)."""
+    """Accuracy of ``a`` minus ``b`` over the items both were scored on, with a paired bootstrap 95 % interval over
+    items.
+
+    ``task`` is one task or group (a group's items pooled), ``"zeroshot"`` (the difference of the seven tasks'
+    average), or a list of tasks and groups (the difference of their average): each bootstrap draw resamples
+    the items of every one of them.
+    """
     import numpy as np
 
-    from cbo.stats import paired_mean_difference
-
-    if task != "zeroshot":
-        ids = sorted(set(a.get(task, {})) & set(b.get(task, {})))
-        return paired_mean_difference(item_vector(a, task, ids), item_vector(b, task, ids), resamples, seed)
+    names = [t.name for t in ZEROSHOT_TASKS] if task == "zeroshot" else [task] if isinstance(task, str) else task
     rng = np.random.default_rng(seed)
     total, draws = 0.0, np.zeros(resamples)
-    names = [t.name for t in ZEROSHOT_TASKS]
     for name in names:
-        ids = sorted(set(a.get(name, {})) & set(b.get(name, {})))
-        if not ids:
-            raise DataError(f"no items of {name} scored for both models")
-        diff = np.asarray(item_vector(a, name, ids)) - np.asarray(item_vector(b, name, ids))
+        diff = _pooled_difference(a, b, name)
         total += diff.mean() / len(names)
         draws += diff[rng.integers(0, diff.size, size=(resamples, diff.size))].mean(axis=1) / len(names)
     return float(total), float(np.quantile(draws, 0.025)), float(np.quantile(draws, 0.975))
 
 
-__all__ = ["REPORTED_METRIC", "item_vector", "paired_difference", "reported", "suite_average"]
+__all__ = [
+    "REPORTED_METRIC",
+    "average",
+    "item_vector",
+    "leaf_tasks",
+    "paired_difference",
+    "reported",
+    "suite_average",
+]
