@@ -245,8 +245,31 @@ def _feasible_fraction(info: dict[str, Any], exact: bool) -> float | None:
 
 
 # --------------------------------------------------------------------------------------- results
+def parse_record_line(line: str) -> tuple[dict[str, Any] | None, bool]:
+    """``(record, torn)`` of one line of a sweep file.
+
+    ``torn`` is True for a record cut by a killed write (a line that starts like a record but is not valid JSON);
+    an earlier CBO appended the next record onto such a line, and that record is recovered (``record`` not None).
+    """
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        if not line.lstrip().startswith("{"):
+            return None, False
+        start = line.find('{"', 1)
+        while start != -1:  # a whole record glued onto the torn one
+            try:
+                rec = json.loads(line[start:])
+            except json.JSONDecodeError:
+                start = line.find('{"', start + 1)
+                continue
+            return (rec if isinstance(rec, dict) and "key" in rec else None), True
+        return None, True
+    return (rec if isinstance(rec, dict) and "key" in rec else None), False
+
+
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a sweep file (a torn last line from a crash is skipped with a warning)."""
+    """The records of a sweep file (a record torn by a crash is skipped with a warning)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -255,21 +278,21 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+        rec, torn = parse_record_line(line)
+        if torn:
             warnings.warn(
-                f"{path}: line {i + 1} is not valid JSON (an interrupted write?); it is ignored.", stacklevel=2
+                f"{path}: line {i + 1} is not valid JSON (an interrupted write?); "
+                + ("the record after the torn one is kept." if rec is not None else "it is ignored."),
+                stacklevel=2,
             )
-            continue
-        if isinstance(rec, dict) and "key" in rec:
+        if rec is not None:
             out.append(rec)
     return out
 
 
 def check_records_file(path: str | os.PathLike) -> None:
-    """OutputPathError unless ``path`` is missing, empty, or a sweep file (JSON records, perhaps with a torn last
-    line): records are appended to it, so a user's own file must not be taken for one."""
+    """OutputPathError unless ``path`` is missing, empty, or a sweep file (JSON records, perhaps some torn by a
+    crash): records are appended to it, so a user's own file must not be taken for one."""
     from cbo.errors import OutputPathError
 
     path = Path(path)
@@ -279,20 +302,51 @@ def check_records_file(path: str | os.PathLike) -> None:
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as exc:
         raise OutputPathError(f"cannot read the sweep file {str(path)!r} ({exc}); choose another --out.") from exc
-
-    def is_record(line: str) -> bool:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            return False
-        return isinstance(rec, dict) and "key" in rec
-
-    bad = [i for i, line in enumerate(lines) if not is_record(line)]
-    torn = bad == [len(lines) - 1] and lines[-1].lstrip().startswith("{")  # a record cut by a crash
-    if bad and not torn:
+    parsed = [parse_record_line(line) for line in lines]
+    bad = [i for i, (rec, torn) in enumerate(parsed) if rec is None and not torn]
+    # torn records alone (no whole one) are a sweep file only when there is one, at the end: a killed first write
+    torn_only = all(rec is None for rec, _ in parsed) and len(parsed) > 1
+    if bad or torn_only:
+        line = bad[0] + 1 if bad else 1
         raise OutputPathError(
-            f"{str(path)!r} is not a sweep file (line {bad[0] + 1} is not a record `cbo sweep` wrote), and a sweep "
+            f"{str(path)!r} is not a sweep file (line {line} is not a record `cbo sweep` wrote), and a sweep "
             "appends to its --out file; choose another --out (e.g. sweep.jsonl)."
+        )
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Make the sweep file ``path`` end with a whole line before records are appended: a last line cut by a killed
+    write is removed (with a warning; its cell runs again), or ended when it is a whole record without its newline.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with path.open("rb+") as fh:
+        fh.seek(max(0, size - 1))
+        if fh.read(1) == b"\n":
+            return
+        tail_start = max(0, size - 2**20)
+        fh.seek(tail_start)
+        tail = fh.read()
+        cut = tail.rfind(b"\n")
+        last = tail[cut + 1 :]
+        try:
+            whole = isinstance(json.loads(last.decode("utf-8")), dict)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            whole = False
+        if whole:
+            fh.seek(0, os.SEEK_END)
+            fh.write(b"\n")
+        else:
+            fh.truncate(tail_start + cut + 1 if cut >= 0 else 0)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if not whole:
+        warnings.warn(
+            f"{path}: removed its torn last line (a write killed mid-record); that cell runs again.", stacklevel=3
         )
 
 
@@ -466,6 +520,7 @@ def run_sweep(
     out = Path(out)
     check_records_file(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    drop_torn_tail(out)
     done: dict[str, dict[str, Any]] = {}
     for rec in read_records(out):
         if rec.get("status") == "ok" or not retry_failed:
