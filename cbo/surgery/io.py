@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cbo.checks import is_int
-from cbo.errors import CorruptFileError, ModelError
+from cbo.errors import CorruptFileError, InvalidOptionError, ModelError
 from cbo.extras import require
 from cbo.files import PRUNED_FORMAT_KEY
 from cbo.surgery.depth import ORIGINAL_KEY, REMOVED_KEY, ZEROED_KEY, restore_zeroed_sublayers, text_config_of
@@ -429,13 +429,21 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
         **kwargs: passed to ``from_pretrained`` (e.g. ``dtype=torch.bfloat16``, ``device_map``).
 
     Raises:
-        CorruptFileError: the folder has no readable config.json, or its recorded widths do not fit the
-            model (a hand-edited config).
+        CorruptFileError: the folder has no readable config.json, its weights file is missing, truncated or
+            damaged, or what its config records does not fit the model (a hand-edited config).
+        InvalidOptionError: ``path`` is not a path.
 
     Example:
         >>> model = load_pruned("out/pruned")     # doctest: +SKIP
     """
+    from cbo.model.loading import check_weight_files
+
     transformers = require("transformers", "loading a pruned model")
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidOptionError(
+            f"load_pruned needs the path of a saved model folder (a str or Path), got {type(path).__name__} "
+            f"{str(path)[:60]}."
+        )
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CorruptFileError(f"{str(path)!r} is not a saved model folder (no config.json)")
@@ -444,6 +452,7 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     except (OSError, ValueError) as exc:
         raise CorruptFileError(f"cannot read the config in {str(path)!r}: {exc}") from exc
     check_recorded_layout(config, path)
+    check_weight_files(path)
     widths = recorded_widths(config)
     reshaped = bool(widths) and not _uniform_with_config(widths, config)
     cls = pruned_model_class(_causal_lm_class(config)) if reshaped else transformers.AutoModelForCausalLM
