@@ -365,7 +365,7 @@ def refine_qubo(
     """
     from cbo.data.windows import data_hash
     from cbo.model.fingerprint import model_fingerprint
-    from cbo.progress import progress_bar
+    from cbo.progress import Incumbent, progress_bar
     from cbo.search.refine import refine
 
     t = time.perf_counter()
@@ -375,11 +375,12 @@ def refine_qubo(
         key = f"{model_fingerprint(model)[:12]}-{data_hash(calibration)[:12]}-{blocks[0].kind}-M{remove}-s{run.seed}"
         checkpoint = Path(cache) / "refine" / f"{key}.json"
     bar = progress_bar(run.progress, total=int(budget), desc="refine", unit="FPE")
+    incumbent = Incumbent()  # the postfix says which round found the best set and how many rounds improved it
 
     def report(info: dict[str, Any]) -> None:
         if bar is not None:
             bar.n = min(int(info["fpe"]), int(budget))
-            bar.set_postfix(round=info["round"], best_kl=f"{info['best']:.4g}", refresh=False)
+            bar.set_postfix(round=info["round"], **incumbent.update(info["round"], info["best"]), refresh=False)
             bar.refresh()
 
     prior_cost = float(prior.metadata.get("fpe") or 0.0) * int(calibration.shape[0])  # per window, as the rounds
