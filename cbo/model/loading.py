@@ -151,10 +151,12 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
     """Where to load ``name_or_path`` from.
 
     ``"smollm2-135m"`` or another installable model (:data:`MODEL_ASSETS`) -> its converted local folder; an
-    existing local folder -> itself; anything else that looks like a hub id (``org/name``) -> returned unchanged.
+    existing local folder -> itself; a hub id (``org/name``, or a bare name the local hub cache holds) -> returned
+    unchanged.
 
     Raises:
-        ModelError: an installable model is not installed, or a local path does not hold a model.
+        ModelError: an installable model is not installed, a local path does not hold a model, or a bare name is
+            none of these (a typo: the message suggests the nearest installable name).
     """
     name = os.fspath(name_or_path)
     if name in MODEL_ASSETS:
@@ -176,7 +178,34 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
             f"model folder {name!r} does not exist. Give an installable model ({', '.join(MODEL_ASSETS.names())}), "
             "a local Hugging Face folder, or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
         )
+    if "/" not in name and not in_hub_cache(name):
+        raise ModelError(unknown_model_message(name))  # a typo, said at once instead of after a minute of hub retries
     return name
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """True when the local Hugging Face hub cache holds a download of ``repo_id``."""
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:
+        return False
+    return (Path(HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}").is_dir()
+
+
+def unknown_model_message(name: str) -> str:
+    """Why ``name`` names no model: not installable, not a local folder, not a hub id; with the nearest installable
+    name and the models installed here."""
+    import difflib
+
+    names = MODEL_ASSETS.names()
+    near = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
+    installed = [n for n in names if is_model_dir(model_dir(n))]
+    return (
+        f"no model {name!r}: it is not a model `cbo setup` installs ({', '.join(names)}), not a local folder, and not "
+        "a hub id (those are 'organization/name', e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct')."
+        + (f" Did you mean {near[0]!r}?" if near else "")
+        + (f" Installed here: {', '.join(installed)}." if installed else f" None is installed yet; {SETUP_HINT}.")
+    )
 
 
 @contextlib.contextmanager
