@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -158,7 +159,7 @@ def prune_depth(
     from cbo.hessian import ESTIMATORS
     from cbo.measure.losses import check_loss
     from cbo.model.blocks import find_blocks, prunable_parameters, resolve_keep
-    from cbo.model.families import resolve_caps
+    from cbo.model.families import check_caps_shape, resolve_caps
     from cbo.solvers import get as get_solver
 
     data, estimate, search, run = option_groups(
@@ -173,6 +174,7 @@ def prune_depth(
         raise CBOError(f"unknown method {method!r}; valid methods: {methods}.")
     for label, least in (("top_k", 1), ("validate", 0)):
         check_int(label, getattr(search, label), lo=least, error=CBOError)
+    caps = check_caps_shape(caps)  # before the model loads
     n_calibration = data.n_calibration if data.splits is None else len(data.splits.calibration)
     search = replace(search, refine=check_refine(search.refine, method, n_calibration))
     auto_select = search.select == AUTO
@@ -238,6 +240,12 @@ def prune_depth(
             )
             timings["refine"] = work["refine"].pop("wall_time")
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
+        if validate > len(candidates):
+            work["validated_fewer"] = (
+                f"validate={validate} asks for more candidates than the {len(candidates)} ranked states there are "
+                f"(top_k={search.top_k}); validating {len(candidates)}. Raise top_k (--top) to validate more."
+            )
+            warnings.warn(work["validated_fewer"], stacklevel=2)
     else:
         from cbo.baselines import select_blocks
 
