@@ -273,7 +273,7 @@ def prune(
                     loaded, report.pruned_model, tokenizer, tasks, tasks_limit, manager, quiet
                 )
             if out is not None:
-                report.save_model(out)
+                report.save_model(out, progress=not quiet)
                 if task_results is not None:
                     (Path(out) / "tasks.json").write_text(json.dumps(task_results, indent=1) + "\n")
             written = _write_plots(report, plots) if plots is not None else []

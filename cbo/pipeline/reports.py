@@ -129,13 +129,14 @@ class Report(ABC):
         """Write the report's own files beside the model (none by default); returns them."""
         return []
 
-    def save_model(self, directory: str | Path) -> Path:
-        """Save the pruned model and tokenizer (:func:`cbo.surgery.io.save_pruned`), the report and its files."""
+    def save_model(self, directory: str | Path, *, progress: bool = True) -> Path:
+        """Save the pruned model and tokenizer (:func:`cbo.surgery.io.save_pruned`), the report and its files
+        (``progress=False``: without transformers' "Writing model shards" bar)."""
         from cbo.surgery.io import save_pruned
 
         if self.pruned_model is None:
             raise CBOError("this report holds no model (it was loaded from its JSON alone); nothing to save.")
-        directory = save_pruned(self.pruned_model, directory, self.tokenizer)
+        directory = save_pruned(self.pruned_model, directory, self.tokenizer, progress=progress)
         self.save(directory / self.report_file)
         self.save_artifacts(directory)
         return directory

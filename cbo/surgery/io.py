@@ -284,7 +284,13 @@ def _causal_lm_class(config: Any) -> type:
 
 
 def save_pruned(
-    model: Any, path: str | os.PathLike, tokenizer: Any = None, *, plain_weights: str = "all", **kwargs: Any
+    model: Any,
+    path: str | os.PathLike,
+    tokenizer: Any = None,
+    *,
+    plain_weights: str = "all",
+    progress: bool = True,
+    **kwargs: Any,
 ) -> Path:
     """Save a model pruned by depth and/or width so that :func:`load_pruned` rebuilds it exactly.
 
@@ -299,14 +305,16 @@ def save_pruned(
             ``from_pretrained`` loads the folder silently (disk: the zeroed halves keep their original size);
             ``"outputs"`` saves only their output projections (smaller; plain transformers warns of the missing
             weights, the logits are the same). See :func:`zeroed_half_weights`.
+        progress: transformers' "Writing model shards" bar (False: none, as the CLI's ``-q``).
         **kwargs: passed to ``save_pretrained``.
 
     Returns:
         The folder.
     """
     from cbo.files import output_folder
+    from cbo.model.loading import quiet_loading
 
-    with output_folder(path) as staging:
+    with output_folder(path) as staging, quiet_loading(not progress):
         write_pruned_folder(model, staging, tokenizer, plain_weights=plain_weights, **kwargs)
     return Path(path).expanduser()
 
