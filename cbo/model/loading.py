@@ -8,18 +8,18 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cbo.errors import CBOError, CorruptFileError, ModelError
+from cbo.errors import CBOError, ModelError
+from cbo.model.hf_output import quiet_loading, silenced  # noqa: F401  (re-exported: their old home)
+from cbo.model.weight_files import check_weight_files
 from cbo.registry import Registry
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -208,55 +208,6 @@ def unknown_model_message(name: str) -> str:
     )
 
 
-@contextlib.contextmanager
-def quiet_loading(quiet: bool = True) -> Iterator[None]:
-    """While active (when ``quiet``), transformers prints no progress bars ("Loading weights"), no info or
-    warning messages, and Python warnings are not shown; the previous settings are restored afterwards."""
-    if not quiet:
-        yield
-        return
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-@contextlib.contextmanager
-def silenced(quiet: bool = True) -> Iterator[None]:
-    """:func:`quiet_loading`, and whatever libraries print held back while active: Python's stdout and stderr
-    (progress bars no setting turns off, such as those of transformers' GGUF reader or lm-eval's request loops)
-    and the stderr of the subprocesses they start. Errors still raise."""
-    if not quiet:
-        yield
-        return
-    saved_fd = None
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            saved_fd = os.dup(2)
-            os.dup2(devnull, 2)
-        finally:
-            os.close(devnull)
-    except OSError:  # no file descriptor 2 to redirect: Python-level redirection only
-        saved_fd = None
-    try:
-        with quiet_loading(True), contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
-
-
 SURGERY_KEYS = ("cbo_zeroed_sublayers", "cbo_layer_widths")
 
 
@@ -271,51 +222,6 @@ def _records_surgery(source: str) -> bool:
         return False
     sections = [config] + [v for v in config.values() if isinstance(v, dict)]
     return any(section.get(key) for section in sections for key in SURGERY_KEYS)
-
-
-WEIGHT_INDEX = "model.safetensors.index.json"
-OTHER_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-def check_weight_files(folder: str | os.PathLike) -> None:
-    """CorruptFileError naming the file when a local model folder's weights are missing, truncated or damaged
-    (their headers are read; the weights are not loaded).
-
-    Example:
-        >>> check_weight_files("out/pruned")   # doctest: +SKIP
-    """
-    folder = Path(folder)
-    fix = "copy or save the model folder again (cbo prune --out, save_pruned)"
-    index = folder / WEIGHT_INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptFileError(f"the weight index {str(index)!r} is not readable ({exc!r}); {fix}.") from exc
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing:
-            raise CorruptFileError(
-                f"the model folder {str(folder)!r} lacks the weight file(s) {missing} its {WEIGHT_INDEX} lists; {fix}."
-            )
-        files = [folder / n for n in names]
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-    if not files and not any((folder / n).is_file() for n in OTHER_WEIGHT_FILES):
-        raise CorruptFileError(
-            f"the model folder {str(folder)!r} holds no weights file (model.safetensors); it is incomplete: {fix}."
-        )
-    if not files:
-        return
-    from cbo.extras import require
-
-    safetensors = require("safetensors", "reading model weights")
-    for f in files:
-        try:
-            with safetensors.safe_open(str(f), framework="pt") as handle:
-                handle.keys()
-        except Exception as exc:  # safetensors' own error type, OSError: either way the file cannot be read
-            raise CorruptFileError(f"the weights file {str(f)!r} is truncated or damaged ({exc}); {fix}.") from exc
 
 
 def _load_pruned(source: str, dtype: Any) -> Any:

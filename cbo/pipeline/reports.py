@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cbo.errors import CBOError, CorruptFileError
-from cbo.jsonable import json_number, jsonable
+from cbo.jsonable import checksum_mismatch, json_number, jsonable, with_checksum
 from cbo.pipeline.options import upgrade_options
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.qubo.states import RankedStates
@@ -68,10 +68,11 @@ class Report(ABC):
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the JSON summary to ``path`` (atomically: a reader sees the old file or the new one)."""
+        """Write the JSON summary to ``path`` (atomically: a reader sees the old file or the new one), with a checksum
+        of its content (:mod:`cbo.jsonable`) that :meth:`load` compares."""
         from cbo.files import atomic_write_text
 
-        return atomic_write_text(Path(path), json.dumps(jsonable(self.to_json()), indent=1))
+        return atomic_write_text(Path(path), json.dumps(with_checksum(jsonable(self.to_json())), indent=1))
 
     @classmethod
     def load(cls, path: str | Path, *, with_model: bool = True, **model_kwargs: Any) -> Report:
@@ -84,7 +85,8 @@ class Report(ABC):
             **model_kwargs: passed to ``load_pruned`` (``dtype``, ``device_map``, ...).
 
         Raises:
-            CorruptFileError: the file is not readable JSON or not a report of this kind.
+            CorruptFileError: the file is not readable JSON, not a report of this kind, or edited (its fields
+                disagree, or its checksum does not match).
         """
         path = Path(path)
         folder = path if path.is_dir() else None
@@ -105,6 +107,11 @@ class Report(ABC):
             raise CorruptFileError(f"the report in {str(file)!r} is incomplete or edited: {exc!r}") from exc
         if why is not None:
             raise CorruptFileError(f"the report in {str(file)!r} is edited or damaged: {why}.")
+        if checksum_mismatch(data):
+            raise CorruptFileError(
+                f"the report in {str(file)!r} was edited or damaged after it was saved: its checksum does not match its "
+                "content; use the report the run wrote (or run it again)."
+            )
         if folder is not None and with_model and (folder / "config.json").is_file():
             from cbo.surgery.io import load_pruned, load_tokenizer
 

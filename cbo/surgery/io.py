@@ -39,6 +39,7 @@ from cbo.errors import CorruptFileError, InvalidOptionError, ModelError
 from cbo.extras import require
 from cbo.files import PRUNED_FORMAT_KEY
 from cbo.surgery.depth import ORIGINAL_KEY, REMOVED_KEY, ZEROED_KEY, restore_zeroed_sublayers, text_config_of
+from cbo.surgery.record import CONFIG_CHECKSUM_KEY, check_record_checksum, record_checksum
 
 WIDTHS_KEY = "cbo_layer_widths"
 FORMAT_KEY = PRUNED_FORMAT_KEY
@@ -312,7 +313,7 @@ def save_pruned(
         The folder.
     """
     from cbo.files import output_folder
-    from cbo.model.loading import quiet_loading
+    from cbo.model.hf_output import quiet_loading
 
     with output_folder(path) as staging, quiet_loading(not progress):
         write_pruned_folder(model, staging, tokenizer, plain_weights=plain_weights, **kwargs)
@@ -421,6 +422,7 @@ def write_pruned_folder(
         data[WIDTHS_KEY] = widths
         if not _uniform_with_config(widths, model.config):
             write_remote_code(model, path, data)
+    data[CONFIG_CHECKSUM_KEY] = record_checksum(data)
     config_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -444,7 +446,7 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     Example:
         >>> model = load_pruned("out/pruned")     # doctest: +SKIP
     """
-    from cbo.model.loading import check_weight_files
+    from cbo.model.weight_files import check_weight_files
 
     transformers = require("transformers", "loading a pruned model")
     if not isinstance(path, (str, os.PathLike)):
@@ -476,6 +478,9 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     finally:
         logging.set_verbosity(level)
     check_loaded_weights(info, zeroed or [], path)
+    check_record_checksum(path)
+    if hasattr(model.config, CONFIG_CHECKSUM_KEY):  # a later plain save_pretrained of a changed model must not carry it
+        delattr(model.config, CONFIG_CHECKSUM_KEY)
     if not reshaped:
         restore_zeroed_sublayers(model)
     return model.eval()

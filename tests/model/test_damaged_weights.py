@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from cbo.cli import app, register_commands
 from cbo.errors import CorruptFileError, InvalidOptionError
-from cbo.model.loading import check_weight_files, load_model
+from cbo.model.loading import load_model
+from cbo.model.weight_files import check_weight_files
 from cbo.surgery.depth import remove_blocks
 from cbo.surgery.io import load_pruned, save_pruned
 
