@@ -241,10 +241,14 @@ def prune_depth(
             timings["refine"] = work["refine"].pop("wall_time")
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
         if validate > len(candidates):
-            work["validated_fewer"] = (
-                f"validate={validate} asks for more candidates than the {len(candidates)} ranked states there are "
-                f"(top_k={search.top_k}); validating {len(candidates)}. Raise top_k (--top) to validate more."
-            )
+            n = len(candidates)
+            if n >= math.comb(len(blocks) - len(keep_idx), remove):
+                where, fix = f"the {n} possible removal sets", ""
+            elif search.refine is not None:
+                where, fix = f"the {n} sets refine measured", " A larger --refine budget measures more."
+            else:
+                where, fix = f"the top_k={search.top_k} ranked states", " Raise top_k (--top) to validate more."
+            work["validated_fewer"] = f"validate={validate} asks for more candidates than {where}; validating {n}.{fix}"
             warnings.warn(work["validated_fewer"], stacklevel=2)
     else:
         from cbo.baselines import select_blocks
@@ -388,7 +392,8 @@ def refine_qubo(
     def report(info: dict[str, Any]) -> None:
         if bar is not None:
             bar.n = min(int(info["fpe"]), int(budget))
-            bar.set_postfix(round=info["round"], **incumbent.update(info["round"], info["best"]), refresh=False)
+            fields = {"round": info["round"], **incumbent.update(info["round"], info["best"])}
+            bar.set_postfix(fields, refresh=False)  # a dict keeps this order (keyword arguments are sorted)
             bar.refresh()
 
     prior_cost = float(prior.metadata.get("fpe") or 0.0) * int(calibration.shape[0])  # per window, as the rounds

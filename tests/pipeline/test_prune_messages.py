@@ -23,9 +23,11 @@ def model():
 
 
 def test_validate_beyond_top_k_validates_fewer_and_says_so(model):
-    with pytest.warns(UserWarning, match=r"validate=5 asks for more candidates than the 2 ranked states .*--top"):
+    with pytest.warns(UserWarning, match=r"validate=5 asks for more candidates than the top_k=2 ranked .*--top"):
         report = prune_depth(model, CharTokenizer(), TEXT, remove=1, top_k=2, validate=5, **SMALL)
     assert len(report.validation) == 2 and "validated_fewer" in report.work
+    with pytest.warns(UserWarning, match=r"than the 4 possible removal sets; validating 4\.$"):
+        prune_depth(model, CharTokenizer(), TEXT, remove=1, top_k=4, validate=5, **SMALL)
 
 
 def test_caps_that_are_not_a_mapping_are_refused_before_the_model_loads(model):
