@@ -181,9 +181,10 @@ def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
             progress=bar.update if problem.progress else None,
             stop=lambda: problem.interrupted,
         )
-        if res.done > bar.n:  # bounds closed the last tasks in one batch: show the true end, not the last report
+        # bounds may close the last tasks in one batch, after the bar last drew: show the true end before closing
+        if res.done > bar.n:
             bar.update(res.done - bar.n)
-            bar.refresh()
+        bar.refresh()
     finally:
         bar.close()
     E, S = merge_task_results(plan, [res])

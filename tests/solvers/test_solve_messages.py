@@ -1,6 +1,7 @@
-"""``k`` is capped at the number of removal sets, and a ``k`` whose states cannot fit in memory is refused before any
-allocation (issue 38, case 3: ``--top 1000000000`` on 12 blocks raised a raw 14.9 GiB allocation error, or was
-killed by the OOM killer)."""
+"""What solve says about requests it cannot meet as asked (issue 38): ``k`` is capped at the number of removal sets
+and a ``k`` whose states cannot fit in memory is refused before any allocation (case 3: ``--top 1000000000`` on 12
+blocks raised a raw 14.9 GiB allocation error, or was killed by the OOM killer); an enumeration that cannot finish
+is said before it starts; the enumeration's bar ends at the tasks done."""
 
 from __future__ import annotations
 
@@ -77,3 +78,10 @@ def test_an_enumeration_that_cannot_finish_is_said_before_it_starts(tmp_path, mo
             solve(random_block_qubo(300, seed=1), 150, "enumerate", 5, seed=0, time_limit=1.0)
         monkeypatch.undo()
         solve(random_block_qubo(20, seed=1), 10, "enumerate", 5, seed=0)
+
+
+def test_the_enumeration_bar_ends_at_its_true_end(capfd):
+    """Bounds close the last tasks in one batch: the bar stopped at "4/2300 tasks" and stayed there."""
+    states = solve(random_block_qubo(30, seed=1), 8, "enumerate", 5, seed=0, progress=True)
+    assert states.exact and states.info["tasks_done"] == 2300
+    assert "2300/2300 tasks" in capfd.readouterr().err
