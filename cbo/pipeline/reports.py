@@ -107,11 +107,6 @@ class Report(ABC):
             raise CorruptFileError(f"the report in {str(file)!r} is incomplete or edited: {exc!r}") from exc
         if why is not None:
             raise CorruptFileError(f"the report in {str(file)!r} is edited or damaged: {why}.")
-        if checksum_mismatch(data):
-            raise CorruptFileError(
-                f"the report in {str(file)!r} was edited or damaged after it was saved: its checksum does not match its "
-                "content; use the report the run wrote (or run it again)."
-            )
         if folder is not None and with_model and (folder / "config.json").is_file():
             from cbo.surgery.io import load_pruned, load_tokenizer
 
@@ -122,6 +117,11 @@ class Report(ABC):
                     f"the report and the model in {str(folder)!r} disagree (one of them was edited): {why}."
                 )
             report.pruned_model, report.tokenizer = model, load_tokenizer(folder)
+        if checksum_mismatch(data):  # last: the checks above name the field when the edit shows in it
+            raise CorruptFileError(
+                f"the report in {str(file)!r} was edited or damaged after it was saved: its checksum does not match its "
+                "content; use the report the run wrote (or run it again)."
+            )
         return report
 
     def inconsistency(self) -> str | None:
