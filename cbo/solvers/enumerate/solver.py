@@ -110,6 +110,8 @@ class EnumerateSolver(Solver):
             out.info.update(strategy="lexicographic", strategy_reason=reason)
             return out
         config = backend_config(options.backend, options.backend_options)
+        if options.backend == "ray":  # the lexicographic search, sharded
+            warn_if_hopeless(problem, "lexicographic")
         return backend_module(options.backend).run_backend(problem, options, config)
 
 
