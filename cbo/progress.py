@@ -69,3 +69,32 @@ def progress_iter(iterable: Iterable[Any], enabled: bool, **kwargs: Any) -> Iter
     from tqdm.auto import tqdm
 
     return tqdm(iterable, leave=False, **kwargs)
+
+
+class Incumbent:
+    """The best value of a loop of rounds so far, the round that found it and how many later rounds improved it:
+    a bar's postfix that shows the same best from the first round to the last then says why (nothing beat it).
+
+    Example:
+        >>> inc = Incumbent()
+        >>> _ = inc.update(1, 0.9)
+        >>> inc.update(2, 0.9)["improved"]
+        '0 of 1 later rounds'
+    """
+
+    def __init__(self) -> None:
+        self.best = float("inf")
+        self.found_in = 0
+        self.improvements = 0
+
+    def update(self, round_: int, best: float) -> dict[str, str]:
+        """Record round ``round_``'s best (the loop's best so far) and return the postfix fields."""
+        if best < self.best - 1e-12:
+            self.improvements += self.found_in > 0  # the first incumbent is no improvement
+            self.best, self.found_in = float(best), int(round_)
+        later = max(int(round_) - 1, 0)
+        return {
+            "best_kl": f"{self.best:.4g}",
+            "from": f"round {self.found_in}",
+            "improved": f"{self.improvements} of {later} later rounds",
+        }

@@ -18,6 +18,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+@app.callback()
+def run_command(ctx: typer.Context) -> None:
+    # every command: warnings as one plain line each (cbo.cli.messages)
+    from cbo.cli.messages import show_warnings_plainly
+
+    show_warnings_plainly(ctx)
+
+
 # the modules whose import adds their commands to `app` (imported by name: they import `app` from here)
 COMMAND_MODULES = (
     "cbo.cli.demo_cmds",

@@ -91,10 +91,10 @@ def heal(
 
     from cbo.data.windows import make_splits
     from cbo.model.loading import load_model, quiet_loading
-    from cbo.recovery.healing import CHECKPOINT_FILE
+    from cbo.recovery.healing import Checkpoint
 
     ckpt = out / CHECKPOINT_FOLDER
-    if resume and not (ckpt / CHECKPOINT_FILE).is_file():  # said even with -q: the run does not do what was asked
+    if resume and not Checkpoint(ckpt).exists():  # said even with -q: the run does not do what was asked
         done = "a healed model but no unfinished heal" if (out / RECORD_FILE).is_file() else "no unfinished heal"
         err_console.print(f"--resume: {plain(out)} holds {done} (no checkpoint); training from step 0.")
         resume = False

@@ -213,9 +213,10 @@ def prune(
                         "--width NAME --ratio R` to combine them."
                     )
                 )
-            if refine is not None or no_refine:
+            # --no-refine / --no-select ask for what width pruning does anyway: accepted
+            if refine is not None:
                 fail(CBOError("--refine refines a depth QUBO; it does not apply to --width. Drop it."))
-            if select is not None or no_select:
+            if select is not None:
                 fail(CBOError("--select races depth candidates; it does not apply to --width. Drop it."))
             if ratio is None:
                 fail(CBOError("--width needs --ratio, the fraction of the parameters to remove, e.g. --ratio 0.2."))
@@ -273,7 +274,7 @@ def prune(
                 )
             if out is not None:
                 extra = {"tasks.json": json.dumps(task_results, indent=1) + "\n"} if task_results is not None else {}
-                report.save_model(out, extra_files=extra)
+                report.save_model(out, extra_files=extra, progress=not quiet)
             written = []
             if plots is not None:
                 from cbo.files import output_folder

@@ -121,8 +121,9 @@ def solve(
         typer.echo(json.dumps(states.to_json(), indent=1))
     else:
         print_states(states, title=escape(f"{file.name}: remove {remove} of {qubo.n}"))
-    if states.info.get("fewer_states"):
-        err_console.print(f"[yellow]note: {escape(states.info['fewer_states'])}[/]")
+    for note in ("k_capped", "fewer_states"):
+        if states.info.get(note):
+            err_console.print(f"[yellow]note: {escape(states.info[note])}[/]")
     if states.info.get("interrupted"):
         if as_json:
             err_console.print("[yellow]interrupted: these are the best states found so far.[/]")

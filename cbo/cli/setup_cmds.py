@@ -41,6 +41,11 @@ def setup(
         help="With the text, install the test domains that are not Austen (the Python docs of python3.11-doc), "
         "which benchmarks measure and no choice reads.",
     ),
+    compile_kernels: bool = typer.Option(
+        True,
+        "--compile/--no-compile",
+        help="Compile the solvers' numba kernels now (once per installation, 20-60 s), not in the first solve.",
+    ),
     list_models: bool = typer.Option(False, "--list", help="List the installable models and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the final folders."),
 ) -> None:
@@ -78,6 +83,14 @@ def setup(
             typer.echo(f"local tasks:   {ensure_local_tasks()}")
         if suite:
             typer.echo(f"suite tasks:   {_install_suite(quiet)}")
+        if compile_kernels:
+            from cbo.solvers.warmup import compile_kernels as compile_now
+
+            if not quiet:
+                typer.echo("compiling the solvers' kernels (numba; once per installation, 20-60 s) ...", err=True)
+            seconds = compile_now()
+            if not quiet:
+                typer.echo(f"solver kernels: compiled and cached ({seconds:.0f} s)")
     except CBOError as exc:
         typer.echo(f"setup failed: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -261,6 +261,34 @@ def kind_parts(kind: str) -> set[str]:
     return set(kind.split(JOIN))
 
 
+def check_caps_shape(caps: Any) -> dict[str, int] | None:
+    """``caps`` as ``{kind: count}`` (None stays None); InvalidOptionError naming the bad value otherwise.
+
+    Example:
+        >>> check_caps_shape({"attention": 4})
+        {'attention': 4}
+    """
+    from collections.abc import Mapping
+
+    from cbo.checks import describe, is_int
+    from cbo.errors import InvalidOptionError
+
+    if caps is None:
+        return None
+    if not isinstance(caps, Mapping):
+        raise InvalidOptionError(
+            f"caps must map block kinds to the most blocks of that kind removed, e.g. {{'attention': 4, 'mlp': 2}}; "
+            f"got {describe(caps)}."
+        )
+    for kind, cap in caps.items():
+        if not isinstance(kind, str) or not is_int(cap) or cap < 0:
+            raise InvalidOptionError(
+                f"caps[{kind!r}] = {describe(cap)}: caps map a block kind (a str) to a count >= 0, e.g. "
+                "{'attention': 4}."
+            )
+    return {kind: int(cap) for kind, cap in caps.items()}
+
+
 def resolve_caps(caps: dict[str, int] | None, kinds: Sequence[str]) -> dict[str, int]:
     """Per-kind caps over the block kinds of a model, where a cap may also name a kind that combined kinds hold.
 
@@ -277,7 +305,7 @@ def resolve_caps(caps: dict[str, int] | None, kinds: Sequence[str]) -> dict[str,
     """
     present = sorted(set(kinds))
     out: dict[str, int] = {}
-    for kind, cap in (caps or {}).items():
+    for kind, cap in (check_caps_shape(caps) or {}).items():
         if kind in present:
             targets = [kind]
         else:

@@ -8,18 +8,18 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cbo.errors import CBOError, ModelError
+from cbo.model.hf_output import quiet_loading, silenced  # noqa: F401  (re-exported: their old home)
+from cbo.model.weight_files import check_weight_files
 from cbo.registry import Registry
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -151,10 +151,12 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
     """Where to load ``name_or_path`` from.
 
     ``"smollm2-135m"`` or another installable model (:data:`MODEL_ASSETS`) -> its converted local folder; an
-    existing local folder -> itself; anything else that looks like a hub id (``org/name``) -> returned unchanged.
+    existing local folder -> itself; a hub id (``org/name``, or a bare name the local hub cache holds) -> returned
+    unchanged.
 
     Raises:
-        ModelError: an installable model is not installed, or a local path does not hold a model.
+        ModelError: an installable model is not installed, a local path does not hold a model, or a bare name is
+            none of these (a typo: the message suggests the nearest installable name).
     """
     name = os.fspath(name_or_path)
     if name in MODEL_ASSETS:
@@ -176,56 +178,34 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
             f"model folder {name!r} does not exist. Give an installable model ({', '.join(MODEL_ASSETS.names())}), "
             "a local Hugging Face folder, or a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'"
         )
+    if "/" not in name and not in_hub_cache(name):
+        raise ModelError(unknown_model_message(name))  # a typo, said at once instead of after a minute of hub retries
     return name
 
 
-@contextlib.contextmanager
-def quiet_loading(quiet: bool = True) -> Iterator[None]:
-    """While active (when ``quiet``), transformers prints no progress bars ("Loading weights"), no info or
-    warning messages, and Python warnings are not shown; the previous settings are restored afterwards."""
-    if not quiet:
-        yield
-        return
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+def in_hub_cache(repo_id: str) -> bool:
+    """True when the local Hugging Face hub cache holds a download of ``repo_id``."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:
+        return False
+    return (Path(HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}").is_dir()
 
 
-@contextlib.contextmanager
-def silenced(quiet: bool = True) -> Iterator[None]:
-    """:func:`quiet_loading`, and whatever libraries print held back while active: Python's stdout and stderr
-    (progress bars no setting turns off, such as those of transformers' GGUF reader or lm-eval's request loops)
-    and the stderr of the subprocesses they start. Errors still raise."""
-    if not quiet:
-        yield
-        return
-    saved_fd = None
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            saved_fd = os.dup(2)
-            os.dup2(devnull, 2)
-        finally:
-            os.close(devnull)
-    except OSError:  # no file descriptor 2 to redirect: Python-level redirection only
-        saved_fd = None
-    try:
-        with quiet_loading(True), contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        if saved_fd is not None:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
+def unknown_model_message(name: str) -> str:
+    """Why ``name`` names no model: not installable, not a local folder, not a hub id; with the nearest installable
+    name and the models installed here."""
+    import difflib
+
+    names = MODEL_ASSETS.names()
+    near = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
+    installed = [n for n in names if is_model_dir(model_dir(n))]
+    return (
+        f"no model {name!r}: it is not a model `cbo setup` installs ({', '.join(names)}), not a local folder, and not "
+        "a hub id (those are 'organization/name', e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct')."
+        + (f" Did you mean {near[0]!r}?" if near else "")
+        + (f" Installed here: {', '.join(installed)}." if installed else f" None is installed yet; {SETUP_HINT}.")
+    )
 
 
 SURGERY_KEYS = ("cbo_zeroed_sublayers", "cbo_layer_widths")
@@ -283,7 +263,13 @@ def load_model(
             else:
                 model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
             tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError, KeyError) as exc:
+    except Exception as exc:
+        if isinstance(exc, CBOError):
+            raise
+        if Path(source).is_dir():
+            check_weight_files(source)  # a missing, truncated or damaged weights file, by name
+        if not isinstance(exc, (OSError, ValueError, KeyError)):
+            raise
         where = "local folder" if Path(source).exists() else "hub id (needs internet or a local hub cache)"
         raise ModelError(f"cannot load model {os.fspath(name_or_path)!r} from {source!r} ({where}): {exc}") from exc
     model.to(device)

@@ -451,7 +451,7 @@ def compress(
         prunable_before=prunable,
     )
     if out is not None:
-        report.save_model(out)
+        report.save_model(out, progress=progress)
     return report
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -158,7 +159,7 @@ def prune_depth(
     from cbo.hessian import ESTIMATORS
     from cbo.measure.losses import check_loss
     from cbo.model.blocks import find_blocks, prunable_parameters, resolve_keep
-    from cbo.model.families import resolve_caps
+    from cbo.model.families import check_caps_shape, resolve_caps
     from cbo.solvers import get as get_solver
 
     data, estimate, search, run = option_groups(
@@ -173,6 +174,7 @@ def prune_depth(
         raise CBOError(f"unknown method {method!r}; valid methods: {methods}.")
     for label, least in (("top_k", 1), ("validate", 0)):
         check_int(label, getattr(search, label), lo=least, error=CBOError)
+    caps = check_caps_shape(caps)  # before the model loads
     n_calibration = data.n_calibration if data.splits is None else len(data.splits.calibration)
     search = replace(search, refine=check_refine(search.refine, method, n_calibration))
     auto_select = search.select == AUTO
@@ -238,6 +240,16 @@ def prune_depth(
             )
             timings["refine"] = work["refine"].pop("wall_time")
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
+        if validate > len(candidates):
+            n = len(candidates)
+            if n >= math.comb(len(blocks) - len(keep_idx), remove):
+                where, fix = f"the {n} possible removal sets", ""
+            elif search.refine is not None:
+                where, fix = f"the {n} sets refine measured", " A larger --refine budget measures more."
+            else:
+                where, fix = f"the top_k={search.top_k} ranked states", " Raise top_k (--top) to validate more."
+            work["validated_fewer"] = f"validate={validate} asks for more candidates than {where}; validating {n}.{fix}"
+            warnings.warn(work["validated_fewer"], stacklevel=2)
     else:
         from cbo.baselines import select_blocks
 
@@ -365,7 +377,7 @@ def refine_qubo(
     """
     from cbo.data.windows import data_hash
     from cbo.model.fingerprint import model_fingerprint
-    from cbo.progress import progress_bar
+    from cbo.progress import Incumbent, progress_bar
     from cbo.search.refine import refine
 
     t = time.perf_counter()
@@ -375,11 +387,13 @@ def refine_qubo(
         key = f"{model_fingerprint(model)[:12]}-{data_hash(calibration)[:12]}-{blocks[0].kind}-M{remove}-s{run.seed}"
         checkpoint = Path(cache) / "refine" / f"{key}.json"
     bar = progress_bar(run.progress, total=int(budget), desc="refine", unit="FPE")
+    incumbent = Incumbent()  # the postfix says which round found the best set and how many rounds improved it
 
     def report(info: dict[str, Any]) -> None:
         if bar is not None:
             bar.n = min(int(info["fpe"]), int(budget))
-            bar.set_postfix(round=info["round"], best_kl=f"{info['best']:.4g}", refresh=False)
+            fields = {"round": info["round"], **incumbent.update(info["round"], info["best"])}
+            bar.set_postfix(fields, refresh=False)  # a dict keeps this order (keyword arguments are sorted)
             bar.refresh()
 
     prior_cost = float(prior.metadata.get("fpe") or 0.0) * int(calibration.shape[0])  # per window, as the rounds

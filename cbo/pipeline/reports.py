@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cbo.errors import CBOError, CorruptFileError
-from cbo.jsonable import json_number, jsonable
+from cbo.jsonable import checksum_mismatch, json_number, jsonable, with_checksum
 from cbo.pipeline.options import upgrade_options
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.qubo.states import RankedStates
@@ -70,10 +70,11 @@ class Report(ABC):
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> Path:
-        """Write the JSON summary to ``path`` (atomically: a reader sees the old file or the new one)."""
+        """Write the JSON summary to ``path`` (atomically: a reader sees the old file or the new one), with a checksum
+        of its content (:mod:`cbo.jsonable`) that :meth:`load` compares."""
         from cbo.files import atomic_write_text
 
-        return atomic_write_text(Path(path), json.dumps(jsonable(self.to_json()), indent=1))
+        return atomic_write_text(Path(path), json.dumps(with_checksum(jsonable(self.to_json())), indent=1))
 
     @classmethod
     def load(cls, path: str | Path, *, with_model: bool = True, **model_kwargs: Any) -> Report:
@@ -86,7 +87,8 @@ class Report(ABC):
             **model_kwargs: passed to ``load_pruned`` (``dtype``, ``device_map``, ...).
 
         Raises:
-            CorruptFileError: the file is not readable JSON or not a report of this kind.
+            CorruptFileError: the file is not readable JSON, not a report of this kind, or edited (its fields
+                disagree, or its checksum does not match).
         """
         path = Path(path)
         folder = path if path.is_dir() else None
@@ -117,6 +119,11 @@ class Report(ABC):
                     f"the report and the model in {str(folder)!r} disagree (one of them was edited): {why}."
                 )
             report.pruned_model, report.tokenizer = model, load_tokenizer(folder)
+        if checksum_mismatch(data):  # last: the checks above name the field when the edit shows in it
+            raise CorruptFileError(
+                f"the report in {str(file)!r} was edited or damaged after it was saved: its checksum does not match its "
+                "content; use the report the run wrote (or run it again)."
+            )
         return report
 
     def inconsistency(self) -> str | None:
@@ -131,17 +138,21 @@ class Report(ABC):
         """Write the report's own files beside the model (none by default); returns them."""
         return []
 
-    def save_model(self, directory: str | Path, extra_files: Mapping[str, str] | None = None) -> Path:
+    def save_model(
+        self, directory: str | Path, extra_files: Mapping[str, str] | None = None, *, progress: bool = True
+    ) -> Path:
         """Save the pruned model and tokenizer (as :func:`cbo.surgery.io.save_pruned` does), ``report.json``, the
         report's own files and ``extra_files`` (name -> text), all through one staging folder
         (:func:`cbo.files.output_folder`): an interrupted save leaves ``directory`` as it was, every file is listed
-        as CBO's, and a file an earlier save wrote there that this one does not (an earlier QUBO) is removed."""
+        as CBO's, and a file an earlier save wrote there that this one does not (an earlier QUBO) is removed.
+        ``progress=False``: without transformers' "Writing model shards" bar."""
         from cbo.files import atomic_write_text, output_folder
+        from cbo.model.hf_output import quiet_loading
         from cbo.surgery.io import write_pruned_folder
 
         if self.pruned_model is None:
             raise CBOError("this report holds no model (it was loaded from its JSON alone); nothing to save.")
-        with output_folder(directory) as staging:
+        with output_folder(directory) as staging, quiet_loading(not progress):
             write_pruned_folder(self.pruned_model, staging, self.tokenizer)
             self.save(staging / self.report_file)
             self.save_artifacts(staging)

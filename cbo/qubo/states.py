@@ -11,7 +11,7 @@ import numpy as np
 
 from cbo.checks import is_int
 from cbo.errors import CorruptFileError, SolverError
-from cbo.jsonable import jsonable
+from cbo.jsonable import checksum_mismatch, jsonable, with_checksum
 
 if TYPE_CHECKING:
     from cbo.qubo.block_qubo import BlockQUBO
@@ -199,18 +199,21 @@ class RankedStates:
 
     # ----------------------------------------------------------------- JSON
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": STATES_FORMAT,
-            "names": list(self.names),
-            "remove": self.remove,
-            "solver": self.solver,
-            "exact": self.exact,
-            "wall_time": self.wall_time,
-            "options": jsonable(self.options),
-            "info": jsonable(self.info),
-            "removed": [list(s.removed) for s in self],
-            "energies": [float(e) for e in self.energies],
-        }
+        """The states as JSON, with a checksum of the content (:mod:`cbo.jsonable`) that loading compares."""
+        return with_checksum(
+            {
+                "format": STATES_FORMAT,
+                "names": list(self.names),
+                "remove": self.remove,
+                "solver": self.solver,
+                "exact": self.exact,
+                "wall_time": self.wall_time,
+                "options": jsonable(self.options),
+                "info": jsonable(self.info),
+                "removed": [[int(i) for i in s.removed] for s in self],
+                "energies": [float(e) for e in self.energies],
+            }
+        )
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RankedStates:
@@ -224,7 +227,7 @@ class RankedStates:
         X = np.zeros((len(removed), n), dtype=np.uint8)
         for r, rem in enumerate(removed):
             X[r, rem] = 1
-        return cls(
+        states = cls(
             X,
             data["energies"],
             names=data["names"],
@@ -235,6 +238,12 @@ class RankedStates:
             options=data.get("options"),
             info=data.get("info"),
         )
+        if checksum_mismatch(data):
+            raise CorruptFileError(
+                "these ranked states were edited or are damaged after they were saved: their checksum does not match "
+                "their content (a removal set, an energy or a flag was changed); solve again to get true states."
+            )
+        return states
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON to ``path`` (atomically: a reader sees the old file or the new one)."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import math
 import os
@@ -48,6 +47,7 @@ from cbo.files import CheckpointFile, atomic_write_text, output_folder
 from cbo.model.forward import input_device
 from cbo.model.structures import model_structures
 from cbo.progress import progress_bar
+from cbo.recovery.state_codec import StateFormatError, decode_state, encode_state
 
 torch = require("torch", "recovery fine-tuning")
 F = torch.nn.functional
@@ -57,8 +57,9 @@ LOSSES = ("kd", "lm")
 SCHEDULES = ("constant", "linear", "cosine")
 # learning rates used when none is given: LoRA as in common LoRA recipes, full as in the CBO paper's recovery
 DEFAULT_LR = {"lora": 2e-4, "full": 2e-5}
-CHECKPOINT_FILE = "heal_state.pt"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_FILE = "heal_state.safetensors"  # tensors as safetensors, the rest as JSON: loading runs no code
+LEGACY_CHECKPOINT_FILE = "heal_state.pt"  # a pickle, written before version 2; refused, never unpickled
+CHECKPOINT_VERSION = 2
 
 
 @dataclass
@@ -247,27 +248,47 @@ def check_heal_options(steps: int, method: str = "lora", **options: Any) -> Heal
 
 
 class Checkpoint(CheckpointFile):
-    """The resumable state of one heal in a folder (one file, replaced atomically)."""
+    """The resumable state of one heal in a folder (one file, replaced atomically).
+
+    The file is data only (:mod:`cbo.recovery.state_codec`: safetensors and JSON), so resuming from a folder
+    someone else gave you cannot run code; a pickle checkpoint of an older CBO is refused, not loaded.
+    """
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         super().__init__(self.folder / CHECKPOINT_FILE)
 
+    @property
+    def legacy(self) -> Path:
+        return self.folder / LEGACY_CHECKPOINT_FILE
+
+    def exists(self) -> bool:
+        return super().exists() or self.legacy.is_file()
+
     def load(self) -> dict[str, Any]:
+        if not self.path.is_file() and self.legacy.is_file():
+            raise CorruptFileError(
+                f"{str(self.legacy)!r} is a heal checkpoint of an older CBO, stored as a pickle, which CBO no longer "
+                "loads (unpickling a file can run code); delete it (or the folder) and heal afresh"
+            )
         try:
-            state = torch.load(io.BytesIO(self.read() or b""), map_location="cpu", weights_only=False)
-        except Exception as exc:  # a truncated or foreign file: say which, and what to do
+            state = decode_state(self.read() or b"")
+        except StateFormatError as exc:  # a truncated or foreign file: say which, and what to do
             raise CorruptFileError(
                 f"cannot read the heal checkpoint {str(self.path)!r} ({exc}); delete it to start afresh"
             ) from exc
-        if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+        if state.get("version") != CHECKPOINT_VERSION:
             raise CorruptFileError(f"{str(self.path)!r} is not a heal checkpoint of version {CHECKPOINT_VERSION}")
+        fields = {"fingerprint": dict, "step": int, "trainable": dict, "optimizer": dict, "losses": list}
+        bad = [k for k, kind in fields.items() if not isinstance(state.get(k), kind)]
+        if bad or not isinstance(state.get("rng"), torch.Tensor) or state["step"] < 0:
+            raise CorruptFileError(
+                f"the heal checkpoint {str(self.path)!r} lacks or mangles {bad or ['rng']}; delete it to start afresh"
+            )
         return state
 
     def save(self, state: dict[str, Any]) -> None:
-        buf = io.BytesIO()
-        torch.save({"version": CHECKPOINT_VERSION, **state}, buf)
-        self.write(buf.getvalue())
+        self.write(encode_state({"version": CHECKPOINT_VERSION, **state}))
 
     def check(self, state: dict[str, Any], fingerprint: dict[str, Any], steps: int) -> None:
         """Refuse a checkpoint of another heal, or one already past ``steps``."""
@@ -318,6 +339,9 @@ class _Trainable:
         names = [n for n, _ in self.named]
         if sorted(saved) != sorted(names):
             raise CorruptFileError("the heal checkpoint's trainable parameters do not match this student")
+        shapes = {n: tuple(p.shape) for n, p in self.named}
+        if any(not isinstance(t, torch.Tensor) or tuple(t.shape) != shapes[n] for n, t in saved.items()):
+            raise CorruptFileError("the heal checkpoint's trainable parameters do not have this student's shapes")
         with torch.no_grad():
             for n, p in self.named:
                 p.copy_(saved[n].to(p.device))
@@ -458,10 +482,17 @@ def _train(student, teacher, windows, opts, fingerprint, ckpt, state, checkpoint
     optimizer = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
     done, losses, previous = 0, [], 0.0
     if state is not None:
-        trainable.load(state["trainable"])
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        done, losses, previous = int(state["step"]), list(state["losses"]), float(state.get("seconds", 0.0))
+        try:
+            trainable.load(state["trainable"])
+            optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+            done, losses, previous = int(state["step"]), list(state["losses"]), float(state.get("seconds", 0.0))
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError, CorruptFileError) as exc:
+            trainable.finish(merge=False)  # the student as it was: no adapters left attached
+            where = str(ckpt.path) if ckpt is not None else "the checkpoint"
+            raise CorruptFileError(
+                f"the heal checkpoint {where!r} does not fit this heal ({exc}); delete it to start afresh"
+            ) from exc
     resumed_from, saved_at = done, done
 
     def write() -> None:

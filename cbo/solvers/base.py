@@ -298,6 +298,7 @@ def solve(
         qubo = qubo.with_constraints(**{name: block_list(v, name, error=SolverError) for name, v in given.items()})
     qubo.check_remove(remove)
     k = check_int("k", k, lo=1, error=SolverOptionError)
+    k, k_note = cap_k(qubo, int(remove), k)
     time_limit = check_float("time_limit (seconds)", time_limit, lo=0, lo_open=True, finite=False, none_ok=True,
                              error=SolverOptionError)  # fmt: skip
     if seed is None:
@@ -349,7 +350,44 @@ def solve(
             + "."
         )
     note_fewer_states(result, qubo, int(remove), k, cls.name)
+    if k_note:
+        result.info["k_capped"] = k_note
     return result
+
+
+# bytes per asked-for state that solvers may hold at once: the state (one byte per block) and its energy, in the
+# result, a candidate pool of up to twice k and the working copies that sort and deduplicate them
+STATE_BYTES_FACTOR = 4
+
+
+def cap_k(qubo: BlockQUBO, remove: int, k: int) -> tuple[int, str | None]:
+    """``(k, note)``: ``k`` capped at the number of removal sets the keep and force lists allow (``note`` says so;
+    None when not capped), after checking that this many states fit in memory.
+
+    Raises:
+        SolverOptionError: ``k`` states of this QUBO need more memory than this machine has free.
+    """
+    import math
+
+    from cbo.checks import check_memory
+
+    c = qubo.constraints
+    free, r = qubo.n - len(c.keep) - len(c.force), remove - len(c.force)
+    exist = math.comb(free, r) if 0 <= r <= free else 0
+    note = None
+    if 0 < exist < k:
+        note = (
+            f"k={k} is more than the {exist} ways to remove {remove} of these {qubo.n} blocks (C({free}, {r})"
+            f"{' with the keep/force lists' if c.keep or c.force else ''}); returning at most {exist}."
+        )
+        k = exist
+    check_memory(
+        f"holding k={k} ranked states of {qubo.n} blocks",
+        k * (qubo.n + 8) * STATE_BYTES_FACTOR,
+        error=SolverOptionError,
+        hint="Ask for fewer states (--top / k=).",
+    )
+    return k, note
 
 
 def note_fewer_states(result: RankedStates, qubo: BlockQUBO, remove: int, k: int, name: str) -> None:

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -42,6 +41,7 @@ from cbo.errors import CBOError, DataError, InvalidQUBOError
 from cbo.progress import progress_bar
 from cbo.qubo.block_qubo import BlockQUBO
 from cbo.solvers.base import get, solve
+from cbo.solvers.sweep_records import append_record, check_records_file, drop_torn_tail, read_records
 
 #: Columns of the results table (one row per solver run).
 COLUMNS = [
@@ -245,64 +245,6 @@ def _feasible_fraction(info: dict[str, Any], exact: bool) -> float | None:
 
 
 # --------------------------------------------------------------------------------------- results
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a sweep file (a torn last line from a crash is skipped with a warning)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            warnings.warn(
-                f"{path}: line {i + 1} is not valid JSON (an interrupted write?); it is ignored.", stacklevel=2
-            )
-            continue
-        if isinstance(rec, dict) and "key" in rec:
-            out.append(rec)
-    return out
-
-
-def check_records_file(path: str | os.PathLike) -> None:
-    """OutputPathError unless ``path`` is missing, empty, or a sweep file (JSON records, perhaps with a torn last
-    line): records are appended to it, so a user's own file must not be taken for one."""
-    from cbo.errors import OutputPathError
-
-    path = Path(path)
-    if not path.is_file():
-        return
-    try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OutputPathError(f"cannot read the sweep file {str(path)!r} ({exc}); choose another --out.") from exc
-
-    def is_record(line: str) -> bool:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            return False
-        return isinstance(rec, dict) and "key" in rec
-
-    bad = [i for i, line in enumerate(lines) if not is_record(line)]
-    torn = bad == [len(lines) - 1] and lines[-1].lstrip().startswith("{")  # a record cut by a crash
-    if bad and not torn:
-        raise OutputPathError(
-            f"{str(path)!r} is not a sweep file (line {bad[0] + 1} is not a record `cbo sweep` wrote), and a sweep "
-            "appends to its --out file; choose another --out (e.g. sweep.jsonl)."
-        )
-
-
-def _append(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def solver_row(
     energies: Sequence[float],
     reference_energies: Sequence[float],
@@ -466,6 +408,7 @@ def run_sweep(
     out = Path(out)
     check_records_file(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    drop_torn_tail(out)
     done: dict[str, dict[str, Any]] = {}
     for rec in read_records(out):
         if rec.get("status") == "ok" or not retry_failed:
@@ -480,7 +423,7 @@ def run_sweep(
 
     def finish(record: dict[str, Any]) -> None:
         record["finished"] = time.time()
-        _append(out, record)
+        append_record(out, record)
         done[record["key"]] = record
         bar.update(1)
         if on_cell is not None:

@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from cbo.checks import is_int
-from cbo.errors import CorruptFileError, ModelError
+from cbo.errors import CorruptFileError, InvalidOptionError, ModelError
 from cbo.extras import require
 from cbo.files import PRUNED_FORMAT_KEY
 from cbo.surgery.depth import ORIGINAL_KEY, REMOVED_KEY, ZEROED_KEY, restore_zeroed_sublayers, text_config_of
+from cbo.surgery.record import CONFIG_CHECKSUM_KEY, check_record_checksum, record_checksum
 
 WIDTHS_KEY = "cbo_layer_widths"
 FORMAT_KEY = PRUNED_FORMAT_KEY
@@ -284,7 +285,13 @@ def _causal_lm_class(config: Any) -> type:
 
 
 def save_pruned(
-    model: Any, path: str | os.PathLike, tokenizer: Any = None, *, plain_weights: str = "all", **kwargs: Any
+    model: Any,
+    path: str | os.PathLike,
+    tokenizer: Any = None,
+    *,
+    plain_weights: str = "all",
+    progress: bool = True,
+    **kwargs: Any,
 ) -> Path:
     """Save a model pruned by depth and/or width so that :func:`load_pruned` rebuilds it exactly.
 
@@ -299,14 +306,16 @@ def save_pruned(
             ``from_pretrained`` loads the folder silently (disk: the zeroed halves keep their original size);
             ``"outputs"`` saves only their output projections (smaller; plain transformers warns of the missing
             weights, the logits are the same). See :func:`zeroed_half_weights`.
+        progress: transformers' "Writing model shards" bar (False: none, as the CLI's ``-q``).
         **kwargs: passed to ``save_pretrained``.
 
     Returns:
         The folder.
     """
     from cbo.files import output_folder
+    from cbo.model.hf_output import quiet_loading
 
-    with output_folder(path) as staging:
+    with output_folder(path) as staging, quiet_loading(not progress):
         write_pruned_folder(model, staging, tokenizer, plain_weights=plain_weights, **kwargs)
     return Path(path).expanduser()
 
@@ -413,6 +422,7 @@ def write_pruned_folder(
         data[WIDTHS_KEY] = widths
         if not _uniform_with_config(widths, model.config):
             write_remote_code(model, path, data)
+    data[CONFIG_CHECKSUM_KEY] = record_checksum(data)
     config_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -429,13 +439,21 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
         **kwargs: passed to ``from_pretrained`` (e.g. ``dtype=torch.bfloat16``, ``device_map``).
 
     Raises:
-        CorruptFileError: the folder has no readable config.json, or its recorded widths do not fit the
-            model (a hand-edited config).
+        CorruptFileError: the folder has no readable config.json, its weights file is missing, truncated or
+            damaged, or what its config records does not fit the model (a hand-edited config).
+        InvalidOptionError: ``path`` is not a path.
 
     Example:
         >>> model = load_pruned("out/pruned")     # doctest: +SKIP
     """
+    from cbo.model.weight_files import check_weight_files
+
     transformers = require("transformers", "loading a pruned model")
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidOptionError(
+            f"load_pruned needs the path of a saved model folder (a str or Path), got {type(path).__name__} "
+            f"{str(path)[:60]}."
+        )
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CorruptFileError(f"{str(path)!r} is not a saved model folder (no config.json)")
@@ -444,6 +462,7 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     except (OSError, ValueError) as exc:
         raise CorruptFileError(f"cannot read the config in {str(path)!r}: {exc}") from exc
     check_recorded_layout(config, path)
+    check_weight_files(path)
     widths = recorded_widths(config)
     reshaped = bool(widths) and not _uniform_with_config(widths, config)
     cls = pruned_model_class(_causal_lm_class(config)) if reshaped else transformers.AutoModelForCausalLM
@@ -459,6 +478,9 @@ def load_pruned(path: str | os.PathLike, **kwargs: Any) -> Any:
     finally:
         logging.set_verbosity(level)
     check_loaded_weights(info, zeroed or [], path)
+    check_record_checksum(path)
+    if hasattr(model.config, CONFIG_CHECKSUM_KEY):  # a later plain save_pretrained of a changed model must not carry it
+        delattr(model.config, CONFIG_CHECKSUM_KEY)
     if not reshaped:
         restore_zeroed_sublayers(model)
     return model.eval()

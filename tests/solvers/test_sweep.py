@@ -122,6 +122,31 @@ def test_a_torn_last_line_is_skipped_and_its_cell_recomputed(tmp_path, counted):
     assert counted[cells[0].key] == 2
 
 
+def test_a_torn_sweep_file_stays_resumable_over_reruns(tmp_path, counted):
+    """Issue 38, case 8: with the last record cut by a killed write, the first rerun appended its record onto the
+    torn line and the second refused the whole file as "not a sweep file"."""
+    cells = make_grid(["synthetic:10:3"], ["enumerate", "swap-tabu"], removes=[4], seeds=[0], reference=False)
+    out = tmp_path / "s.jsonl"
+    run_sweep(cells, out)
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text(lines[0] + lines[1][: len(lines[1]) // 2])  # the second record cut mid-write
+    with pytest.warns(UserWarning, match="torn last line"):
+        run_sweep(cells, out)
+    assert all(json.loads(line) for line in out.read_text().splitlines())  # every line a whole record
+    assert len(run_sweep(cells, out)) == 2  # the second rerun resumes: nothing refused, nothing recomputed
+    assert sorted(counted.values()) == [1, 2]
+    # a file an earlier CBO damaged (a record glued onto the torn one) resumes too, keeping the glued record
+    first, second = out.read_text().splitlines()
+    out.write_text(first[:40] + second + "\n")
+    with pytest.warns(UserWarning, match="record after the torn one is kept"):
+        assert len(run_sweep(cells, out)) == 2
+    assert sorted(counted.values()) == [2, 2]  # the torn record's cell ran again, the glued one did not
+    # a whole record whose newline the kill cut is kept, and the next one starts on a new line
+    out.write_text(first + "\n" + second)
+    run_sweep(cells, out)
+    assert out.read_text() == first + "\n" + second + "\n"
+
+
 def test_error_cells_are_finished_unless_retried(tmp_path, counted):
     cells = make_grid(["synthetic:6:0"], ["enumerate"], removes=[9], seeds=[0], reference=False)
     out = tmp_path / "s.jsonl"

@@ -103,13 +103,38 @@ class EnumerateSolver(Solver):
                 info = {"states": 1, "nodes": 0, "pruned": 0, "threads": 1}
                 return SolverOutput(only_state(problem), exact=True, info=info)
             strategy, reason = choose_strategy(problem, options.strategy, bool(options.bound))
+            warn_if_hopeless(problem, strategy)
             if strategy == "relaxation":
                 return enumerate_by_relaxation(problem, options, reason)
             out = enumerate_locally(problem, options)
             out.info.update(strategy="lexicographic", strategy_reason=reason)
             return out
         config = backend_config(options.backend, options.backend_options)
+        if options.backend == "ray":  # the lexicographic search, sharded
+            warn_if_hopeless(problem, "lexicographic")
         return backend_module(options.backend).run_backend(problem, options, config)
+
+
+# a lexicographic space beyond this many states without a time limit: say at once that it may never finish
+# (bounds prune whole subtrees, but at C(300, 150) = 9e88 even a pruned search outlives the user)
+HOPELESS_STATES = 1e15
+
+
+def warn_if_hopeless(problem: Problem, strategy: str) -> None:
+    """A warning before a lexicographic search of more than :data:`HOPELESS_STATES` states without a time limit."""
+    n, r = problem.n_free, problem.r
+    states = math.comb(n, r)
+    if strategy != "lexicographic" or states <= HOPELESS_STATES or problem.time_limit is not None:
+        return
+    import warnings
+
+    warnings.warn(
+        f"exact enumeration of C({n}, {r}) = {float(states):.2g} removal sets may never finish: bounds prune part "
+        f"of the space, but nothing proves a problem of {n} free blocks this size. Give a time limit (--time-limit "
+        "SECONDS; the best states found are returned, marked inexact), use a heuristic (--solver swap-sa) or "
+        "--solver auto; Ctrl-C stops it with the best states so far.",
+        stacklevel=2,
+    )
 
 
 def backend_module(name: str) -> ModuleType:
@@ -158,6 +183,10 @@ def enumerate_locally(problem: Problem, opts: SearchOptions) -> SolverOutput:
             progress=bar.update if problem.progress else None,
             stop=lambda: problem.interrupted,
         )
+        # bounds may close the last tasks in one batch, after the bar last drew: show the true end before closing
+        if res.done > bar.n:
+            bar.update(res.done - bar.n)
+        bar.refresh()
     finally:
         bar.close()
     E, S = merge_task_results(plan, [res])
