@@ -5,12 +5,15 @@
   ``![...](results/search/full/search-layer-8-s0.png)`` and a missing figure is a broken link (a strict-build error).
 * The project's docstrings head their examples ``Example:`` (STYLE.md); griffe's Google parser knows only
   ``Examples:`` as the section whose ``>>>`` lines render as code, so the singular is mapped to it here.
+* Docstrings cross-reference in Sphinx's roles (``:func:`cbo.solve```), which Markdown leaves as text: the role
+  is dropped from the rendered page and the name stays as code.
 * The CLI reference is generated from the typer app at build time: a page holding ``<!-- cli-reference -->`` gets the
   Markdown that typer's own ``typer cbo.cli utils docs`` writes, for every registered command.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -18,6 +21,7 @@ from mkdocs.structure.files import File
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 CLI_MARKER = "<!-- cli-reference -->"
+SPHINX_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):(?=<code>)")
 
 
 def on_config(config):
@@ -56,3 +60,7 @@ def on_page_markdown(markdown, page, config, files):
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
     return markdown
+
+
+def on_page_content(html, page, config, files):
+    return SPHINX_ROLE.sub("", html)
