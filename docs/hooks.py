@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -25,6 +26,8 @@ SPHINX_ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc|obj):(?=<code>)
 
 
 def on_config(config):
+    if str(ROOT) not in sys.path:  # the CLI reference documents this tree's cbo, whatever the venv has installed
+        sys.path.insert(0, str(ROOT))
     try:  # griffe has no public option for the section title; without it an example renders as plain text
         from griffe import DocstringSectionKind
         from griffe._internal.docstrings import google
@@ -52,6 +55,7 @@ def cli_reference() -> str:
 
     register_commands()
     command = typer.main.get_command(app)
+    assert Path(sys.modules["cbo"].__file__).resolve().parents[1] == ROOT, "the CLI reference of another tree's cbo"
     text = get_docs_for_click(obj=command, ctx=typer.Context(command), name="cbo", title="`cbo`")
     return text.split("\n", 1)[1]  # the page has its own title
 

@@ -17,14 +17,15 @@ SMALL_DEPTH = dict(seq_len=16, n_calibration=4, n_validation=3, solver="enumerat
 VALIDATED_PATH = dict(refine=None, select=None)
 
 
-def run(name: str, scope: dict | None = None) -> dict:
-    scope = {"__name__": "docs_example", **(scope or {})}
-    exec(compile(example(name), f"docs example {name}", "exec"), scope)
+def run(code: str) -> dict:
+    """Run an example's code as a module would, and return its names."""
+    scope = {"__name__": "docs_example"}
+    exec(compile(code, "docs example", "exec"), scope)
     return scope
 
 
 def test_the_solvers_example_runs(capsys):
-    run("solvers")
+    run(example("solvers"))
     out = capsys.readouterr().out
     assert out.count("recall of the exact top-10") == 2 and "swap-sa recall of the exact top-10: 1.0" in out
 
@@ -34,7 +35,7 @@ def test_the_figures_example_runs(tmp_path, monkeypatch):
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     (tmp_path / "docs" / "concepts" / "img").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    run("figures")
+    run(example("figures"))
     for name in ("spectrum", "removal-map", "hamming"):
         assert (tmp_path / "docs" / "concepts" / "img" / f"{name}.png").stat().st_size > 1000
         assert (ROOT / "docs" / "concepts" / "img" / f"{name}.png").is_file()  # the page shows what the code draws
@@ -76,7 +77,7 @@ def test_the_own_model_example_runs(tiny_folder, monkeypatch):
     code = example("own-model")
     assert '"path/to/hf-folder"' in code and 'text="my_texts/"' in code
     monkeypatch.setattr(cbo, "prune_depth", on_tiny(cbo.prune_depth, folder, **SMALL_DEPTH, **VALIDATED_PATH))
-    scope = run("own-model")
+    scope = run(example("own-model"))
     assert len(scope["report"].chosen_blocks) == 6 and 0 not in scope["report"].chosen_blocks
     saved = json.loads((folder.parent / "pruned-mine" / "report.json").read_text())
     assert "my_texts" in json.dumps(saved["options"]["data"])
@@ -89,7 +90,7 @@ def test_the_compress_example_runs(tiny_folder, monkeypatch):
     folder, texts = tiny_folder
     small = dict(text=str(texts), seq_len=24, n_calibration=6, n_validation=3, n_test=3, measure_speed=False)
     monkeypatch.setattr(cbo, "compress", on_tiny(cbo.compress, folder, **small))
-    scope = run("compress")
+    scope = run(example("compress"))
     report = scope["report"]
     assert report.path and set(report.path_string()) <= {"D", "W"}
     assert (folder.parent / "pruned-mop" / "report.json").is_file()
@@ -120,7 +121,7 @@ def test_the_caps_example_runs(tmp_path, monkeypatch):
         return real(str(folder), *args, **{**kw, "remove": 3, "text": str(text), **small})
 
     monkeypatch.setattr(cbo, "prune_depth", tiny)
-    names = run("caps")["report"].chosen_names
+    names = run(example("caps"))["report"].chosen_names
     assert len(names) == 3 and not any("mamba" in n for n in names)
     assert sum(n.endswith(".attn") for n in names) <= 2
 
