@@ -6,14 +6,14 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 export CBO_HOME ?= $(HOME)/.cache/cbo
 
-.PHONY: demo test venv setup lint format clean bench
+.PHONY: demo test venv setup lint format clean bench docs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# torch first, pinned: the CPU wheel of this machine; an unpinned torch would pull a CUDA build
 	$(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[all,dev]"
+	$(PIP) install --quiet -e ".[all,dev,docs]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,8 +32,11 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format cbo tests benchmarks
 	$(VENV)/bin/ruff check --fix cbo tests benchmarks
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 test: setup lint
 	$(VENV)/bin/pytest -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info

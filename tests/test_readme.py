@@ -1,5 +1,8 @@
 """The README's examples run as written: every ``cbo ...`` line names a command and options that exist, and the
-Python example runs end to end on the default model (with smaller window counts, so it takes seconds)."""
+Python example runs end to end on the default model (with smaller window counts, so it takes seconds). The manual
+repeats the quick start word for word (``example("readme-quickstart")``: the front page and getting started), and
+holds what the README held before it became the front door: the troubleshooting table is checked here, the other
+examples beside their pages (tests/test_docs.py, tests/test_docs_examples.py)."""
 
 from __future__ import annotations
 
@@ -60,20 +63,18 @@ def test_each_command_line_parses(line):
 
 
 def self_contained_blocks() -> list[str]:
-    """The README's Python blocks that start from ``import cbo`` (the others continue a context that their own
-    tests supply: the refine example in tests/test_readme_refine.py, the healing one in tests/test_recovery.py)."""
+    """The README's Python blocks: each starts from ``import cbo``, and the test below runs them all."""
     return [b for b in code_blocks("python") if b.lstrip().startswith("import cbo")]
 
 
 def test_every_python_block_is_run_by_a_test():
-    blocks = code_blocks("python")
-    others = [b for b in blocks if b not in self_contained_blocks()]
-    assert self_contained_blocks()
-    refine = [b for b in others if "refine=" in b]  # tests/test_readme_refine.py runs it
-    heal = [
-        b for b in others if b.lstrip().startswith("from cbo.recovery.healing import heal")
-    ]  # tests/test_recovery.py
-    assert len(refine) <= 1 and len(heal) <= 1 and len(refine) + len(heal) == len(others)
+    assert self_contained_blocks() and self_contained_blocks() == code_blocks("python")
+
+
+def test_the_manual_repeats_the_quick_start_word_for_word():
+    from doc_examples import example
+
+    assert example("readme-quickstart") == self_contained_blocks()[0]
 
 
 @pytest.mark.model
@@ -99,12 +100,14 @@ def test_the_python_example_runs(tmp_path, monkeypatch):
 
 
 def test_troubleshooting_lists_every_error_type():
-    """Each exception type a user can meet has a row in the README's troubleshooting table."""
-    section = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    """Each exception type a user can meet has a row in the troubleshooting table (docs/reference/errors.md, moved
+    there from the README)."""
+    errors = (ROOT / "docs" / "reference" / "errors.md").read_text()
+    section = errors.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
     names = error_types(Path(__file__).resolve().parents[1] / "cbo")
     assert {"InvalidOptionError", "CacheDirError", "SourceUnavailableError", "CorruptRdbError"} <= names
     missing = sorted(name for name in names - {"CBOError"} if f"`{name}`" not in section)
-    assert missing == [], f"{missing} are missing from the README's troubleshooting section"
+    assert missing == [], f"{missing} are missing from the troubleshooting section of docs/reference/errors.md"
 
 
 def error_types(package: Path) -> set[str]:

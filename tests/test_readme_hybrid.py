@@ -1,6 +1,7 @@
-"""The README's hybrid example and architecture table: the `cbo prune ... --keep-kind mamba` line runs as written on
-a tiny hybrid model (only the model and M replaced), and every hybrid family of the table in `cbo.model.families` has its
-row, whose kinds include those the family's blocks carry."""
+"""The manual's hybrid example and architecture table (moved from the README): the `cbo prune ... --keep-kind mamba`
+line of docs/guides/hybrid.md runs as written on a tiny hybrid model (only the model and M replaced), its Python twin
+(`example("caps")`) runs in tests/test_docs_examples.py, and every hybrid family of `cbo.model.families` has its row
+in the table of docs/concepts/kinds.md, whose kinds include those the family's blocks carry."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ import pytest
 
 from cbo.model.families import ARCHITECTURES, hybrid_families, kind_parts
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+GUIDE = (DOCS / "guides" / "hybrid.md").read_text()
+TABLE = (DOCS / "concepts" / "kinds.md").read_text()
 
 
 def _hybrid_line() -> list[str]:
-    lines = [ln for ln in README.splitlines() if ln.startswith("cbo prune") and "--keep-kind" in ln]
-    assert len(lines) == 1, "README should hold one `cbo prune ... --keep-kind` line"
+    lines = [ln for ln in GUIDE.splitlines() if ln.startswith("cbo prune") and "--keep-kind" in ln]
+    assert len(lines) == 1, "docs/guides/hybrid.md should hold one `cbo prune ... --keep-kind` line"
     return shlex.split(lines[0].split("  #")[0])
 
 
 def _table_rows() -> dict[str, list[str]]:
     rows = {}
-    for line in README.splitlines():
+    for line in TABLE.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 5 and cells[1].startswith("`"):
             for model_type in re.findall(r"`([a-z0-9_]+)`", cells[1]):
@@ -38,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("quiet_kernel_fallbacks")  # see tests/conf
 def test_every_hybrid_family_has_its_row():
     rows = _table_rows()
     for name, model_type, _fields in hybrid_families():
-        assert model_type in rows, f"README's architecture table lacks {name} ({model_type})"
+        assert model_type in rows, f"the architecture table of docs/concepts/kinds.md lacks {name} ({model_type})"
         assert rows[model_type][0] == name
 
 

@@ -1,37 +1,36 @@
-"""README's refine examples run: the Python call and the command line, as written, on a tiny model.
+"""The refine examples of the manual (docs/guides/prune.md, moved there from the README) run: the Python call and the
+command line, as written, on a tiny model.
 
 The model and M are the only things replaced (a tiny saved Llama of 5 layers cannot lose 15); every other
-option of the README line is passed unchanged, so a renamed option or a changed report key fails here.
+option of the docs line is passed unchanged, so a renamed option or a changed report key fails here.
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import re
 import shlex
 from pathlib import Path
 
 import pytest
+from doc_examples import example
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "prune.md"
 
 
 def _python_refine_example() -> list[str]:
-    text = README.read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    found = [b for b in blocks if "refine=" in b]
-    assert len(found) == 1, "README should hold one Python refine example"
-    return [line for line in found[0].splitlines() if line.strip()]
+    code = example("readme-refine")
+    assert "refine=" in code, "the refine example should call prune_depth with refine="
+    return [line for line in code.splitlines() if line.strip()]
 
 
 def _cli_refine_example() -> list[str]:
     lines = [
         ln
-        for ln in README.read_text().splitlines()
+        for ln in GUIDE.read_text().splitlines()
         if ln.startswith("cbo prune") and "--refine" in ln.split("#")[0].split()
     ]
-    assert len(lines) == 1, "README should hold one `cbo prune --refine` line"
+    assert len(lines) == 1, "docs/guides/prune.md should hold one `cbo prune --refine` line"
     return shlex.split(lines[0].split("#")[0])
 
 
@@ -66,7 +65,7 @@ def test_the_python_refine_example_runs(tiny_folder, tmp_path, monkeypatch, caps
     monkeypatch.setattr(cbo, "prune_depth", tiny_prune_depth)
     scope = {"cbo": cbo}
     for line in lines:
-        exec(line, scope)  # the README's lines, in order
+        exec(line, scope)  # the example's lines, in order
     report = scope["report"]
     assert report.options["search"]["refine"] == kwargs["refine"] and report.work["refine"]["rounds"] >= 1
     assert "best_calibration_kl" in capsys.readouterr().out

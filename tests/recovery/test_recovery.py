@@ -258,18 +258,18 @@ def test_the_student_is_trained_in_place_and_the_teacher_is_not(teacher, windows
     assert all(torch.equal(p, before_teacher[n]) for n, p in teacher.named_parameters())
 
 
-def test_the_readme_heal_example_runs(teacher, windows, tmp_path, monkeypatch):
-    """The README's healing example, run as written on a tiny model (its names bound to tiny stand-ins)."""
-    import re
-    from pathlib import Path
+def test_the_docs_heal_example_runs(teacher, windows, tmp_path, monkeypatch):
+    """The manual's healing example (docs/guides/heal.md), run as written on a tiny model (its names bound to tiny
+    stand-ins)."""
     from types import SimpleNamespace
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    code = re.search(r"<!-- heal-example[^>]*-->\s*```python\n(.*?)```", readme, re.S).group(1)
+    from doc_examples import example
+
+    code = example("heal")
     monkeypatch.chdir(tmp_path)
     pruned = depth_pruned(teacher)
     scope = {"pruned": pruned, "teacher": teacher, "splits": SimpleNamespace(calibration=windows), "tokenizer": None}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/guides/heal.md", "exec"), scope)
     result = scope["result"]
     ref = reference_logits(teacher, windows)
     assert result.steps == 50
