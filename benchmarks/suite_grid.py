@@ -36,6 +36,12 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--points", default=",".join(POINTS), help=f"points ({', '.join(POINTS)})")
     p.add_argument("--methods", default=",".join(METHODS), help="methods to score (those a point has)")
     p.add_argument("--tasks", default="zeroshot", help="lm-eval tasks or groups (default: the zero-shot suite)")
+    p.add_argument(
+        "--extra",
+        default=None,
+        help="more sets: 'LABEL=FILE,...', the default route's set of another final_choice result at the same point "
+        "(e.g. the race by KL)",
+    )
     p.add_argument("--limit", type=int, default=None, help="a seeded subset of this many items per task")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset")
     p.add_argument("--batch-size", type=int, default=16)
@@ -97,10 +103,10 @@ def score_set(job: C.Run, granularity: str, blocks: list[int], model: Any, token
     return done
 
 
-def compare(point: dict[str, dict]) -> dict[str, Any]:
-    """Per method: each task's reported metric, the average, LAMBADA's perplexity, and default - method."""
-    from cbo.downstream.scores import paired_difference, reported, suite_average
-    from cbo.downstream.suite_data import ZEROSHOT_TASKS
+def compare(point: dict[str, dict], units: list[str]) -> dict[str, Any]:
+    """Per method: each task's reported metric, the average over ``units`` (the tasks and groups run), LAMBADA's
+    perplexity, and default - method over the same items (a paired bootstrap interval)."""
+    from cbo.downstream.scores import average, paired_difference, reported
 
     def items(scores: dict) -> dict:
         return {t: {int(k): v for k, v in s.items()} for t, s in scores["items"].items()}
@@ -109,26 +115,31 @@ def compare(point: dict[str, dict]) -> dict[str, Any]:
     base = point.get("refined")
     for method, scores in point.items():
         res = scores["results"]
-        row = {t.name: res.get(t.name, {}).get(reported(t.name)) for t in ZEROSHOT_TASKS}
-        row["average"] = suite_average(res)
+        row = {u: res.get(u, {}).get(reported(u)) for u in units}
+        row["average"] = average(res, units)
         row["lambada_ppl"] = res.get("lambada_openai", {}).get("perplexity")
         row["n"] = {t: int(v.get("n", 0)) for t, v in res.items()}
-        if base is not None and method != "refined" and row["average"] is not None and suite_average(base["results"]):
-            row["default_minus"] = list(paired_difference(items(base), items(scores), "zeroshot"))
+        if base is not None and method != "refined" and row["average"] is not None and average(base["results"], units):
+            row["default_minus"] = list(paired_difference(items(base), items(scores), units))
         out[method] = row
     return out
 
 
 def run(job: C.Run) -> dict:
     args = job.args
+    from cbo.downstream.harness import parse_tasks, run_units
     from cbo.model.loading import load_model
 
     model, tokenizer = load_model("smollm2-135m", quiet=True)
     methods = C.split_list(args.methods)
+    units = run_units(parse_tasks(args.tasks))
     points = {}
     for name in C.split_list(args.points):
         granularity = json.loads((RESULTS / "final_choice" / POINTS[name]).read_text())["rows"][0]["granularity"]
         sets = point_sets(name, model, tokenizer, methods)
+        for extra in C.split_list(args.extra):
+            label, _, path = extra.partition("=")
+            sets[label] = list(json.loads(Path(path).read_text())["rows"][0]["sets"]["refined"])
         scored = {}
         for method, blocks in sets.items():
             if not args.no_progress:
@@ -136,21 +147,19 @@ def run(job: C.Run) -> dict:
             scores = score_set(job, granularity, blocks, model, tokenizer)
             if scores["results"]:
                 scored[method] = scores
-        points[name] = {"sets": sets, "table": compare(scored)}
-        job.save(job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks))
-    return job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks)
+        points[name] = {"sets": sets, "table": compare(scored, units)}
+        job.save(job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks, units=",".join(units)))
+    return job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks, units=",".join(units))
 
 
 def markdown(result: dict) -> str:
-    from cbo.downstream.suite_data import ZEROSHOT_TASKS
-
-    names = [t.name for t in ZEROSHOT_TASKS]
+    names = C.split_list(result.get("units")) if result.get("units") else []
     subset = (
         "every item"
         if result["limit"] is None
         else f"a seeded subset of {result['limit']} items per task (seed {result['seed']})"
     )
-    lines = [f"# The grid on the standard zero-shot suite ({subset})", "", f"`{result['command']}`", ""]
+    lines = [f"# The grid on {result['tasks']} ({subset})", "", f"`{result['command']}`", ""]
     for name, point in result["points"].items():
         lines += [f"## {name}", ""]
         header = ["method", *names, "average", "LAMBADA PPL", "default − method (avg, 95 % CI)"]
@@ -168,7 +177,7 @@ def markdown(result: dict) -> str:
         if (d := point["table"].get("block_influence", {}).get("default_minus")) is not None
     ]
     if trend:
-        lines += ["## The default's lead over block influence (average accuracy, default − block influence)", ""]
+        lines += ["## The default's lead over block influence (average, default − block influence)", ""]
         lines += [C.md_table(["point", "difference (95 % CI, paired over items)"], trend), ""]
     return "\n".join(lines) + "\n"
 

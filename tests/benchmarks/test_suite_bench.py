@@ -26,7 +26,7 @@ def test_grid_compares_each_method_with_the_default_over_the_same_items():
     G = bench_module("suite_grid")
     rng = np.random.default_rng(0)
     point = {"refined": _scores(rng, 0.6), "block_influence": _scores(rng, 0.4), "unpruned": _scores(rng, 0.7)}
-    table = G.compare(point)
+    table = G.compare(point, TASKS)
     direct = np.mean(
         [
             np.mean(
@@ -45,7 +45,8 @@ def test_grid_compares_each_method_with_the_default_over_the_same_items():
         np.mean([point["block_influence"]["results"][t][METRIC.get(t, "acc")] for t in TASKS])
     )
     assert "default_minus" not in table["refined"] and table["refined"]["lambada_ppl"] == 30.0
-    result = {"command": "x", "limit": 100, "seed": 0, "points": {"m15-s0": {"sets": {}, "table": table}}}
+    result = {"command": "x", "limit": 100, "seed": 0, "tasks": "zeroshot", "units": ",".join(TASKS)}
+    result["points"] = {"m15-s0": {"sets": {}, "table": table}}
     text = G.markdown(result)
     assert "a seeded subset of 100 items per task (seed 0)" in text
     assert f"| m15-s0 | {diff:+.4f} [{low:+.4f}, {high:+.4f}] |" in text  # the lead over block influence
