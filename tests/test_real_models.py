@@ -59,6 +59,6 @@ def test_cli_eval_on_the_default_model_and_a_pruned_one(default_model, default_t
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         lines = result.output.strip().splitlines()
-        assert len(lines) == 2 and all("(n=40)" in line for line in lines)
+        assert len(lines) == 2 and all("(n=40 of " in line for line in lines)  # a seeded subset, stated
         accuracy[name] = float(next(line for line in lines if " acc " in line).split()[2])
     assert accuracy["original"] > accuracy["pruned"]  # removing 8 of 30 blocks costs cloze accuracy

@@ -48,6 +48,7 @@ def test_report_only_needs_the_json_and_tolerates_unfinished_runs(tmp_path):
 
 def test_cached_solve_keeps_the_first_runs_states(tmp_path):
     """A rerun reads the states of the first solve (an inexact solve would differ), keyed by QUBO, M and solver."""
+    from cbo.jsonable import with_checksum
     from cbo.qubo.block_qubo import BlockQUBO
     from cbo.solvers import solve
 
@@ -59,8 +60,8 @@ def test_cached_solve_keeps_the_first_runs_states(tmp_path):
     assert [list(s.removed) for s in first] == [list(s.removed) for s in solve(q, 3, "enumerate", k=4)]
     (path,) = tmp_path.iterdir()
     data = json.loads(path.read_text())
-    data["removed"][0] = [0, 1, 2]  # what another machine's inexact solve might have returned
-    path.write_text(json.dumps(data))
+    data["removed"][0] = [0, 1, 2]  # what another machine's inexact solve might have returned (signed as CBO signs)
+    path.write_text(json.dumps(with_checksum(data)))
     assert list(C.cached_solve(q, 3, "enumerate", k=4, seed=0, cache_dir=tmp_path)[0].removed) == [0, 1, 2]
     C.cached_solve(q, 4, "enumerate", k=4, seed=0, cache_dir=tmp_path)
     C.cached_solve(q.with_constraints(keep=[0]), 3, "enumerate", k=4, seed=0, cache_dir=tmp_path)

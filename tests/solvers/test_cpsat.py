@@ -46,7 +46,7 @@ def test_fewer_feasible_states_than_k():
     q = random_block_qubo(5, 0)
     res = solve(q, 4, "cpsat", k=10, seed=0, workers=1)
     assert len(res) == 5 and res.exact
-    assert "only 5 feasible states" in res.info["stop_reason"]
+    assert "k=10 is more than the 5 ways to remove 4 of these 5 blocks" in res.info["k_capped"]
 
 
 def test_ties_within_precision_are_reported():
