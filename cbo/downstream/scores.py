@@ -40,38 +40,25 @@ def average(results: Mapping[str, Mapping[str, float]], names: list[str]) -> flo
     return sum(results[n][reported(n)] for n in names) / len(names)
 
 
-def leaf_tasks(name: str) -> list[str]:
-    """The tasks whose items make up ``name`` (a group's subtasks, pooled as lm-eval's size-weighted mean pools
-    them)."""
-    from cbo.downstream.standard_tasks import expand
-
-    return expand(name)
-
-
-def item_vector(scores: Mapping[str, Mapping[int, Mapping[str, float]]], task: str, ids: list[int]) -> list[float]:
-    """The reported metric of each item ``ids`` of ``task`` (per-item scores as ``evaluate_tasks`` fills them)."""
-    metric = reported(task)
-    try:
-        return [float(scores[task][i][metric]) for i in ids]
-    except KeyError as exc:
-        raise DataError(f"no per-item {metric} of {task} item {exc}; evaluate both models on the same items") from exc
-
-
 def _pooled_difference(a, b, name: str):
-    """Per-item differences ``a - b`` over the items of ``name`` both were scored on (a group's subtasks pooled)."""
+    """Per-item differences ``a - b`` of ``name``'s reported metric over the items both were scored on (a group's
+    subtasks pooled, as lm-eval's size-weighted mean pools them)."""
     import numpy as np
 
+    from cbo.downstream.standard_tasks import expand
+
+    metric = reported(name)
     parts = []
-    for task in leaf_tasks(name):
+    for task in expand(name):
         ids = sorted(set(a.get(task, {})) & set(b.get(task, {})))
-        if ids:
-            metric_task = task if name == task else name
-            a_vec = [float(a[task][i][reported(metric_task)]) for i in ids]
-            b_vec = [float(b[task][i][reported(metric_task)]) for i in ids]
-            parts.append(np.asarray(a_vec) - np.asarray(b_vec))
-    if not parts:
+        try:
+            parts.append(np.asarray([float(a[task][i][metric]) - float(b[task][i][metric]) for i in ids]))
+        except KeyError as exc:
+            raise DataError(f"no per-item {metric} of {task} item {exc}; score both models on the same tasks") from exc
+    diff = np.concatenate(parts) if parts else np.zeros(0)
+    if not diff.size:
         raise DataError(f"no items of {name} scored for both models")
-    return np.concatenate(parts)
+    return diff
 
 
 def paired_difference(
@@ -103,8 +90,6 @@ def paired_difference(
 __all__ = [
     "REPORTED_METRIC",
     "average",
-    "item_vector",
-    "leaf_tasks",
     "paired_difference",
     "reported",
     "suite_average",
