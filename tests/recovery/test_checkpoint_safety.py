@@ -7,7 +7,6 @@ import io
 
 import pytest
 import torch
-from tiny_models import build_tiny_model, random_token_windows
 from typer.testing import CliRunner
 
 from cbo.errors import CorruptFileError
@@ -30,16 +29,6 @@ def crafted(marker) -> bytes:
     buf = io.BytesIO()
     torch.save({"version": 1, "step": 0, "payload": Payload(marker)}, buf)
     return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def teacher():
-    return build_tiny_model("llama", n_layers=3)
-
-
-@pytest.fixture(scope="module")
-def windows(teacher):
-    return random_token_windows(teacher, n=8, seq_len=16, seed=1)
 
 
 @pytest.mark.parametrize("name", [CHECKPOINT_FILE, LEGACY_CHECKPOINT_FILE])

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from tiny_models import build_tiny_model, random_token_windows
+from tiny_models import build_tiny_model
 
 from cbo.errors import CBOError, CorruptFileError, DataError, InvalidOptionError, ModelError
 from cbo.evaluate import kl_to_reference, reference_logits
@@ -27,16 +27,6 @@ from cbo.surgery.io import load_pruned
 from cbo.surgery.width import prune_width
 from cbo.width.allocate import allocate
 from cbo.width.scores import score_units
-
-
-@pytest.fixture(scope="module")
-def teacher():
-    return build_tiny_model("llama", n_layers=3)
-
-
-@pytest.fixture(scope="module")
-def windows(teacher):
-    return random_token_windows(teacher, n=8, seq_len=16, seed=1)
 
 
 def depth_pruned(teacher):
