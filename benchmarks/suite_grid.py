@@ -50,10 +50,13 @@ def parse(argv: list[str] | None) -> Any:
     return p.parse_args(argv)
 
 
-def point_sets(name: str, model: Any, tokenizer: Any, methods: list[str]) -> dict[str, list[int]]:
+def point_row(path: Path) -> dict[str, Any]:
+    """The (single) row of a ``benchmarks.final_choice`` result file: its point, granularity and sets."""
+    return json.loads(Path(path).read_text())["rows"][0]
+
+
+def point_sets(row: dict[str, Any], model: Any, tokenizer: Any, methods: list[str]) -> dict[str, list[int]]:
     """``{method: removed block indices}`` of one point (block influence ranked on the point's calibration)."""
-    data = json.loads((RESULTS / "final_choice" / POINTS[name]).read_text())
-    row = data["rows"][0]
     sets = {m: list(row["sets"][m]) for m in methods if m in row["sets"]}
     if "unpruned" in methods:
         sets["unpruned"] = []
@@ -133,13 +136,15 @@ def run(job: C.Run) -> dict:
     model, tokenizer = load_model("smollm2-135m", quiet=True)
     methods = C.split_list(args.methods)
     units = run_units(parse_tasks(args.tasks))
+    settings = {"limit": args.limit, "seed": args.seed, "tasks": args.tasks, "units": ",".join(units)}
     points = {}
     for name in C.split_list(args.points):
-        granularity = json.loads((RESULTS / "final_choice" / POINTS[name]).read_text())["rows"][0]["granularity"]
-        sets = point_sets(name, model, tokenizer, methods)
+        row = point_row(RESULTS / "final_choice" / POINTS[name])
+        granularity = row["granularity"]
+        sets = point_sets(row, model, tokenizer, methods)
         for extra in C.split_list(args.extra):
             label, _, path = extra.partition("=")
-            sets[label] = list(json.loads(Path(path).read_text())["rows"][0]["sets"]["refined"])
+            sets[label] = list(point_row(Path(path))["sets"]["refined"])
         scored = {}
         for method, blocks in sets.items():
             if not args.no_progress:
@@ -148,8 +153,8 @@ def run(job: C.Run) -> dict:
             if scores["results"]:
                 scored[method] = scores
         points[name] = {"sets": sets, "table": compare(scored, units)}
-        job.save(job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks, units=",".join(units)))
-    return job.header(points=points, limit=args.limit, seed=args.seed, tasks=args.tasks, units=",".join(units))
+        job.save(job.header(points=points, **settings))  # what an interrupted run keeps
+    return job.header(points=points, **settings)
 
 
 def markdown(result: dict) -> str:

