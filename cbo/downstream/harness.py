@@ -159,16 +159,22 @@ def hub_offline() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def harness_model(model: Any, tokenizer: Any, *, batch_size: int = 8, max_length: int | None = None) -> Any:
+def harness_model(
+    model: Any, tokenizer: Any, *, batch_size: int = 8, max_length: int | None = None, shared_contexts: bool = True
+) -> Any:
     """lm-eval's ``HFLM`` around an in-memory model (no re-loading) and a copy of its tokenizer (lm-eval may
-    give the tokenizer a padding token; the caller's stays as it is)."""
+    give the tokenizer a padding token; the caller's stays as it is). With ``shared_contexts`` (the default) it is
+    :class:`~cbo.downstream.shared_prefix.SharedPrefixLM`, which runs a context shared by several choices once."""
     require("lm_eval", "downstream evaluation")
     from lm_eval.models.huggingface import HFLM
 
+    from cbo.downstream.shared_prefix import SharedPrefixLM
+
     if batch_size < 1:
         raise DataError(f"batch_size must be >= 1, got {batch_size}")
+    cls = SharedPrefixLM if shared_contexts else HFLM
     with _quiet_logs(True):
-        return HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size, max_length=max_length)
+        return cls(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size, max_length=max_length)
 
 
 def window_loglikelihoods(model: Any, tokenizer: Any, windows: Any, *, batch_size: int = 8) -> list[float]:
@@ -238,6 +244,7 @@ def evaluate_tasks(
     num_fewshot: int | None = None,
     batch_size: int = 8,
     max_length: int | None = None,
+    shared_contexts: bool = True,
     seed: int = 0,
     bootstrap_iters: int = 1000,
     include_path: str | Path | None = None,
@@ -262,6 +269,8 @@ def evaluate_tasks(
         num_fewshot: examples in each prompt (``None``: the task's default, 0 for the suite and the local tasks).
         batch_size: requests per forward pass.
         max_length: longest input (default: the model's context length).
+        shared_contexts: run a context shared by several choices once (:mod:`cbo.downstream.shared_prefix`; the
+            same scores up to float rounding); False: lm-eval's own loop, each request whole.
         seed: seeds the subset and lm-eval's sampling of few-shot examples.
         bootstrap_iters: resamples for the standard errors of non-mean metrics (perplexity); 0 skips them.
         include_path: a folder of further task YAML files.
@@ -286,7 +295,7 @@ def evaluate_tasks(
     manager = manager if manager is not None else task_manager(names, include_path)
     units = run_units(names)
     plan = subset_plan(units, limit, seed)
-    lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=max_length)
+    lm = harness_model(model, tokenizer, batch_size=batch_size, max_length=max_length, shared_contexts=shared_contexts)
     was_training = getattr(model, "training", False)
     results: dict[str, dict[str, float]] = {}
     try:

@@ -29,6 +29,7 @@ from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokeniz
 from cbo.pipeline.options import AUTO, Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo.block_qubo import BlockQUBO, Constraints
+from cbo.search.budget import scaled_budget
 
 
 def depth_methods() -> list[str]:
@@ -176,6 +177,7 @@ def prune_depth(
         check_int(label, getattr(search, label), lo=least, error=CBOError)
     caps = check_caps_shape(caps)  # before the model loads
     n_calibration = data.n_calibration if data.splits is None else len(data.splits.calibration)
+    auto_refine = search.refine == AUTO
     search = replace(search, refine=check_refine(search.refine, method, n_calibration))
     auto_select = search.select == AUTO
     select, select_options = check_select(search.select, search.select_options, method, search.validate)
@@ -199,6 +201,8 @@ def prune_depth(
     if method != "cbo" and (caps or budget_params is not None):
         raise CBOError(f"caps and budget_params constrain CBO's solver; the baseline {method!r} does not take them.")
     constraints = Constraints(keep=tuple(keep_idx), caps=dict(caps or {}), max_removed_params=budget_params)
+    if auto_refine and search.refine is not None:  # the default budget grows with the space (cbo.search.budget)
+        search = replace(search, refine=max(search.refine, scaled_budget(len(blocks) - len(set(keep_idx)), remove)))
     if method == "cbo":  # every option checked before the long work starts
         cls = ESTIMATORS.get(estimate.estimator)
         check_loss(estimate.loss)
@@ -332,7 +336,8 @@ def prune_depth(
 def check_refine(refine: Any, method: str, n_calibration: int) -> float | None:
     """The refine budget checked before any work: a positive FPE count (for the rounds after the estimate) that
     pays at least one round of :class:`cbo.search.options.RefineOptions`' defaults; ``"auto"`` (the default):
-    ``DEFAULT_REFINE`` (at least one round) for method ``cbo``, none for a baseline."""
+    ``DEFAULT_REFINE`` (at least one round) for method ``cbo``, none for a baseline. Once the blocks are known,
+    ``prune_depth`` raises an ``"auto"`` budget to :func:`cbo.search.budget.scaled_budget` of the space."""
     from cbo.pipeline.options import DEFAULT_REFINE
     from cbo.search.options import RefineOptions, check_budget
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cbo.errors import InvalidOptionError
+from cbo.search.budget import FLOOR
 
 # the depth estimator used when none is given, everywhere (prune_depth, compress's depth proposer, `cbo prune`,
 # `cbo hessian`, `cbo compress`); chosen from benchmarks/fidelity.py (BENCHMARKS.md): measured single-block removal
@@ -33,8 +34,10 @@ DEFAULT_ESTIMATOR = "singles"
 # test perplexity on Austen and 24 % on the second domain and ties EvoPress's choice, at M = 12 it beats it by 6 % and
 # 14 %, at M = 8 it ties. The races of 480 windows there had their final leader after 96 (32 + 64), so the default
 # stops there: measured at M = 15, the same set for 49 % of EvoPress's total FPE.
+# The refine budget at layer granularity; larger spaces get more (cbo.search.budget.scaled_budget: 4/3 FPE per swap
+# neighbour of a set, so 939 FPE for 16 of 60 sublayer halves).
 AUTO = "auto"
-DEFAULT_REFINE = 300.0
+DEFAULT_REFINE = FLOOR
 DEFAULT_SELECT = 96
 
 
