@@ -50,11 +50,31 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--limit", type=int, default=None, help="a seeded subset of this many items per task")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--scores", default=None, help="also save each item's scores here, in benchmarks.suite_grid's cache format "
+        "(its unpruned set, smollm2-135m only; then the grid reuses them)",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def save_items(args: Any, results: dict, items: dict) -> None:
+    """Add one task's results and per-item scores to the grid's cache file of the unpruned default model."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.suite_grid import _key
+    from cbo.files import atomic_write_text
+
+    path = Path(args.scores) / f"{_key('layer', [], args.limit, args.seed)}.json"
+    done = json.loads(path.read_text()) if path.is_file() else {"results": {}, "items": {}}
+    done["results"].update(results)
+    done["items"].update({t: {str(k): v for k, v in s.items()} for t, s in items.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(done) + "\n")
 
 
 def run(job: C.Run) -> dict:
@@ -72,11 +92,14 @@ def run(job: C.Run) -> dict:
         rows = {"load_s": round(time.perf_counter() - start, 1), "tasks": {}}
         for unit in units:
             start = time.perf_counter()
+            items: dict = {}
             results = evaluate_tasks(
                 model, tokenizer, [unit], limit=args.limit, seed=args.seed, batch_size=args.batch_size,
-                progress=not args.no_progress,
+                progress=not args.no_progress, item_scores=items,
             )  # fmt: skip
             wall = time.perf_counter() - start
+            if args.scores and name == "smollm2-135m":
+                save_items(args, results, items)
             n = sum(r.get("n", 0) for r in results.values())
             full = sum(plan.totals.get(t, 0) for t in plan.members.get(unit, (unit,)))
             rows["tasks"][unit] = {

@@ -383,7 +383,7 @@ def refine_qubo(
     from cbo.data.windows import data_hash
     from cbo.model.fingerprint import model_fingerprint
     from cbo.progress import Incumbent, progress_bar
-    from cbo.search.refine import refine
+    from cbo.search.refine import improving_rounds, refine
 
     t = time.perf_counter()
     budget = float(search.refine)
@@ -416,6 +416,7 @@ def refine_qubo(
         "budget": budget,
         "rounds": len(r.rounds),
         "stopped": r.stopped,
+        "improving_rounds": improving_rounds(r.rounds),  # later rounds that beat the incumbent
         "measured_sets": len(r.states),
         "best_calibration_kl": float(r.states.energies[0]),
         "prior_fpe": prior.metadata.get("fpe"),

@@ -37,6 +37,19 @@ def fmt_value(v: Any, spec: str = ".4g") -> str:
     return "None" if v is None else format(v, spec)
 
 
+def refine_line(work: dict[str, Any] | None) -> str:
+    """The caption's line on refinement: its rounds and how many rounds after the first improved the incumbent
+    (empty without refinement, or for a report written before the count was kept)."""
+    if not work or "improving_rounds" not in work:
+        return ""
+    rounds, better = int(work.get("rounds") or 0), list(work["improving_rounds"])
+    found = f"the best set from round {better[-1]}" if better else "the best set from round 1"
+    return (
+        f"\nrefine: {rounds} rounds, {work.get('fpe', 0):.0f} of {work.get('budget', 0):.0f} FPE; {found}; "
+        f"{len(better)} of {max(rounds - 1, 0)} later rounds improved it"
+    )
+
+
 def removed_fractions(before: int | None, after: int | None, prunable: int | None) -> str:
     """`` (-12.3% of all, -20.0% of the decoder layers')``: what was removed, over both denominators."""
     if not before or after is None:
@@ -438,6 +451,7 @@ class DepthReport(Report):
             f"KL {p.get('kl') if p.get('kl') is None else round(p['kl'], 4)}; "
             f"params {o.get('n_params', 0) / 1e6:.1f}M → {p.get('n_params', 0) / 1e6:.1f}M"
             + removed_fractions(o.get("n_params"), p.get("n_params"), o.get("prunable_params"))
+            + refine_line(self.work.get("refine"))
         )
         return table
 

@@ -428,6 +428,17 @@ def refine_search(
     return loop.result(stopped, validate_fn, prior_cost)
 
 
+def improving_rounds(rounds: Sequence[dict[str, Any]]) -> list[int]:
+    """The rounds after the first whose best measured set beat every earlier round's (the incumbent improved)."""
+    out, best = [], float("inf")
+    for record in rounds:
+        if record["best"] < best - 1e-12:
+            if best < float("inf"):
+                out.append(int(record["round"]))
+            best = float(record["best"])
+    return out
+
+
 def fidelity_windows(n_pool: int, low: int, high: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """The low- and high-fidelity windows: the first ``low`` / ``high`` of a permutation drawn from ``rng``."""
     order = [int(w) for w in rng.permutation(n_pool)]

@@ -1,6 +1,7 @@
 """The suite benchmarks' tables from fabricated scores: the grid's paired difference default - method equals a
 direct computation over the items, the lead over block influence is tabulated per point, and the reference table
-states subsets and projects (labelled) the full suite's time from the measured rate."""
+states subsets and projects (labelled) the full suite's time from the measured rate; the scorer table totals its
+tasks; the reference saves item scores where the grid reads them."""
 
 from __future__ import annotations
 
@@ -73,3 +74,35 @@ def test_reference_table_states_the_subset_and_labels_the_projection():
     assert "a seeded subset of 100 items per task" in text and "| 100 of 2376 |" in text
     assert "| arc_easy | acc | 50.0 ± 5.0 | 54.12 (0-shot acc) |" in text
     assert "projected from the measured items/s (not measured): 0.3 h" in text  # 2376 items at 2 items/s
+
+
+def test_scorer_table_totals_the_tasks_and_counts_items_scored_differently():
+    S = bench_module("suite_scorer")
+    a = {"0": {"acc": 1.0, "acc_norm": 0.0}, "1": {"acc": 0.0, "acc_norm": 1.0}}
+    assert S.differing(a, a) == 0
+    assert S.differing(a, {"0": {"acc": 1.0, "acc_norm": 1.0}, "1": a["1"]}) == 1
+    rows = {
+        "arc_easy": {"items": 100, "whole_s": 30.0, "shared_s": 10.0, "speedup": 3.0, "differing_items": 0},
+        "boolq": {"items": 100, "whole_s": 10.0, "shared_s": 10.0, "speedup": 1.0, "differing_items": 1},
+    }
+    machine = {"cpu": "c", "cores": 2, "load_average_at_start": [0.5, 0.5, 0.5]}
+    result = {"command": "x", "machine": machine, "model": "m", "limit": 100, "tasks": rows}
+    text = S.markdown(result)
+    assert "| arc_easy | 100 | 30 | 10 | 3.00× | 0 |" in text
+    assert "| all | 200 | 40 | 20 | 2.00× | 1 |" in text  # 40 s against 20 s
+
+
+def test_reference_saves_item_scores_where_the_grid_reads_its_unpruned_set(tmp_path):
+    from argparse import Namespace
+
+    R, G = bench_module("suite_reference"), bench_module("suite_grid")
+    args = Namespace(scores=str(tmp_path), limit=None, seed=0)
+    R.save_items(args, {"arc_easy": {"acc": 0.5}}, {"arc_easy": {0: {"acc": 1.0}, 1: {"acc": 0.0}}})
+    R.save_items(args, {"piqa": {"acc": 1.0}}, {"piqa": {0: {"acc": 1.0}}})
+    saved = (tmp_path / f"{G._key('layer', [], None, 0)}.json").read_text()
+    import json
+
+    assert json.loads(saved) == {
+        "results": {"arc_easy": {"acc": 0.5}, "piqa": {"acc": 1.0}},
+        "items": {"arc_easy": {"0": {"acc": 1.0}, "1": {"acc": 0.0}}, "piqa": {"0": {"acc": 1.0}}},
+    }

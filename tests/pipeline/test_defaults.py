@@ -59,6 +59,33 @@ def test_the_default_refines_then_races_and_charges_both(tiny_model, novel_folde
     assert plain.work["total_fpe"] < work["total_fpe"]
 
 
+def test_the_default_budget_follows_the_space_and_the_report_counts_improving_rounds(
+    tiny_model, novel_folder, tokenizer, monkeypatch
+):
+    """ "auto" asks cbo.search.budget for the space's budget (candidates after the keep list, count removed); an
+    explicit budget is used as given; the caption says how many later rounds improved the incumbent."""
+    import cbo.pipeline.depth as depth
+    from cbo.search.budget import scaled_budget
+
+    asked = []
+
+    def budget(n, k):
+        asked.append((n, k))
+        return 360.0
+
+    monkeypatch.setattr(depth, "scaled_budget", budget)
+    model = tiny_model("llama", n_layers=6, seed=3, vocab_size=260)
+    report = prune_depth(model, tokenizer, novel_folder, remove=2, keep=[0], select=None, **SMALL)
+    assert asked == [(5, 2)] and report.work["refine"]["budget"] == 360.0
+    rounds, better = report.work["refine"]["rounds"], report.work["refine"]["improving_rounds"]
+    assert all(2 <= r <= rounds for r in better) and better == sorted(set(better))
+    assert f"{len(better)} of {rounds - 1} later rounds improved it" in report.table().caption
+    asked.clear()
+    explicit = prune_depth(model, tokenizer, novel_folder, remove=2, refine=320, select=None, **SMALL)
+    assert asked == [] and explicit.work["refine"]["budget"] == 320
+    assert scaled_budget(6, 2) == DEFAULT_REFINE and scaled_budget(60, 16) == 939  # 4/3 FPE per swap neighbour
+
+
 def test_the_default_race_is_skipped_where_no_fresh_window_can_be_cut(tiny_model, tiny_windows):
     model = tiny_model("llama", n_layers=5)
     splits = TokenSplits(*(tiny_windows(model, n=4, seq_len=16, seed=s) for s in (1, 2, 3)), {"source": "random"})

@@ -260,3 +260,12 @@ def test_the_prior_measured_on_the_low_windows_by_default_costs_less(tiny_model,
     assert low.cost["prior"] < 0.5 * high.cost["prior"]  # one window instead of four
     with pytest.raises(InvalidOptionError, match="prior_windows"):
         refine(model, "layer", calibration, None, prior_windows="all", **opts)
+
+
+def test_improving_rounds_are_the_later_rounds_that_beat_the_incumbent():
+    from cbo.search.refine import improving_rounds
+
+    bests = [0.9, 0.9, 0.8, 0.8, 0.8, 0.75]
+    assert improving_rounds([{"round": i + 1, "best": b} for i, b in enumerate(bests)]) == [3, 6]
+    assert improving_rounds([{"round": 1, "best": 0.5}, {"round": 2, "best": 0.5}]) == []
+    assert improving_rounds([]) == []
