@@ -4,7 +4,8 @@ memory for Llama-3.1-8B and Llama-3.3-70B, 25 % and 50 % of the blocks removed, 
 Pure arithmetic: no model is loaded. One FPE is one forward pass of the whole model over one window (``--window``
 tokens). Each part is counted by the rules of the code it models, with the code's own defaults and functions:
 
-* the estimate (``singles``): per calibration window, the original pass and the replay's check, and every single
+* the estimate (``singles``): per window (the calibration split; refine's one low-fidelity window in a large space,
+  ``cbo.search.budget.large_space``), the original pass and the replay's check, and every single
   removal through the prefix tree (block i reruns the layers after it, then the head), each call weighted by its
   parameters as ``cbo.measure.replay`` weighs it;
 * validation, the race and EvoPress measure removal sets: one set on one window costs its head run and a share
@@ -121,6 +122,7 @@ def defaults() -> dict[str, Any]:
         "validate": Search().validate,
         "batch": Run().batch_size,
         "refine_windows": RefineOptions().windows(data.n_calibration)[1],
+        "low_windows": RefineOptions().windows(data.n_calibration)[0],
         "race": [[w, race.finalists] for w in race.schedule(DEFAULT_SELECT, DEFAULT_SELECT)],
         "kept_windows": inspect.signature(InProcessExecutor).parameters["keep_windows"].default,
         "evopress": {
@@ -163,12 +165,15 @@ def implied_rho(a: Arch, n: int, k: int, per_set: float) -> float:
     return (per_set - h) / ((1 - h) * (n - k) / n)
 
 
-def default_fpe(a: Arch, sublayer: bool, k: int, rho: float, d: dict, refine: float, race=None) -> dict[str, float]:
+def default_fpe(
+    a: Arch, sublayer: bool, k: int, rho: float, d: dict, refine: float, race=None, estimate_windows=None
+) -> dict[str, float]:
     """The default route's FPE by part; ``race``: ``[[windows, sets measured], ...]`` (default: every finalist on
-    every window of the schedule, the upper bound)."""
+    every window of the schedule, the upper bound); ``estimate_windows``: the windows the estimate runs on (default:
+    the calibration split; in a large space the default runs it on refine's low-fidelity windows)."""
     setup, c = setup_fpe(a, sublayer), set_fpe(a, a.blocks(sublayer), k, rho)
     return {
-        "estimate": d["calibration"] * (setup + singles_fpe(a, sublayer)),
+        "estimate": (estimate_windows or d["calibration"]) * (setup + singles_fpe(a, sublayer)),
         "validation": d["validation"] * (setup + d["validate"] * c),
         "refine": float(refine),
         "race": sum(w * (setup + m * c) for w, m in (d["race"] if race is None else race)),
@@ -298,7 +303,7 @@ def implied_mfu() -> float:
 
 # ---------------------------------------------------------------------------------------------------- the table
 def table(rho: dict, d: dict, window: int, mfu: float) -> list[dict[str, Any]]:
-    from cbo.search.budget import scaled_budget
+    from cbo.search.budget import large_space, scaled_budget
 
     rows = []
     for key in TARGETS:
@@ -309,7 +314,8 @@ def table(rho: dict, d: dict, window: int, mfu: float) -> list[dict[str, Any]]:
             mem = memory(a, window, d)
             for fraction in FRACTIONS:
                 k = round(fraction * n)
-                parts = default_fpe(a, sub, k, rho["set"][granularity], d, scaled_budget(n, k))
+                prior = d["low_windows"] if large_space(n, k) else None  # cbo.pipeline.depth: a cheap prior
+                parts = default_fpe(a, sub, k, rho["set"][granularity], d, scaled_budget(n, k), estimate_windows=prior)
                 total = sum(parts.values())
                 evo = {
                     name: evopress_fpe(a, sub, k, rho["evopress"][granularity], d, count)

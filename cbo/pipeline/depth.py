@@ -29,7 +29,8 @@ from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokeniz
 from cbo.pipeline.options import AUTO, Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo.block_qubo import BlockQUBO, Constraints
-from cbo.search.budget import scaled_budget
+from cbo.search.budget import large_space, scaled_budget
+from cbo.search.options import RefineOptions
 
 
 def depth_methods() -> list[str]:
@@ -201,8 +202,10 @@ def prune_depth(
     if method != "cbo" and (caps or budget_params is not None):
         raise CBOError(f"caps and budget_params constrain CBO's solver; the baseline {method!r} does not take them.")
     constraints = Constraints(keep=tuple(keep_idx), caps=dict(caps or {}), max_removed_params=budget_params)
+    n_candidates = len(blocks) - len(set(keep_idx))
     if auto_refine and search.refine is not None:  # the default budget grows with the space (cbo.search.budget)
-        search = replace(search, refine=max(search.refine, scaled_budget(len(blocks) - len(set(keep_idx)), remove)))
+        search = replace(search, refine=max(search.refine, scaled_budget(n_candidates, remove)))
+    cheap_prior = auto_refine and search.refine is not None and large_space(n_candidates, remove)
     if method == "cbo":  # every option checked before the long work starts
         cls = ESTIMATORS.get(estimate.estimator)
         check_loss(estimate.loss)
@@ -233,15 +236,20 @@ def prune_depth(
 
     qubo = states = None
     if method == "cbo":
+        prior_windows = splits.calibration
+        if cheap_prior:  # a large space: the estimate on refine's low-fidelity windows (cbo.search.budget)
+            prior_windows = splits.calibration[: RefineOptions().windows(splits.calibration.shape[0])[0]]
         qubo, states = estimate_and_solve(
-            model, tokenizer, splits.calibration, blocks, remove, constraints, estimate, search, run, hessian_cache,
+            model, tokenizer, prior_windows, blocks, remove, constraints, estimate, search, run, hessian_cache,
             timings,
         )  # fmt: skip
         work["estimate_fpe"] = qubo.metadata.get("fpe")
+        work["estimate_windows"] = int(prior_windows.shape[0])
         if search.refine is not None:
             qubo, states, work["refine"] = refine_qubo(
-                model, blocks, splits.calibration, qubo, remove, search, run, measure_cache
-            )
+                model, blocks, splits.calibration, qubo, remove, search, run, measure_cache,
+                prior_windows=int(prior_windows.shape[0]),
+            )  # fmt: skip
             timings["refine"] = work["refine"].pop("wall_time")
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
         if validate > len(candidates):
@@ -339,7 +347,7 @@ def check_refine(refine: Any, method: str, n_calibration: int) -> float | None:
     ``DEFAULT_REFINE`` (at least one round) for method ``cbo``, none for a baseline. Once the blocks are known,
     ``prune_depth`` raises an ``"auto"`` budget to :func:`cbo.search.budget.scaled_budget` of the space."""
     from cbo.pipeline.options import DEFAULT_REFINE
-    from cbo.search.options import RefineOptions, check_budget
+    from cbo.search.options import check_budget
 
     if refine == AUTO:  # the default: refine CBO's QUBO, leave the baselines alone
         if method != "cbo":
@@ -372,9 +380,11 @@ def refine_qubo(
     search: Search,
     run: Run,
     cache: Path | None = None,
+    prior_windows: int | None = None,
 ) -> tuple[BlockQUBO, Any, dict[str, Any]]:
     """``prior`` refined with ``search.refine`` FPE of measurements on the calibration windows, through the one
-    model-side entry point of the loop (:func:`cbo.search.refine.refine`).
+    model-side entry point of the loop (:func:`cbo.search.refine.refine`). ``prior_windows``: the windows the prior
+    was estimated on (charged per window; default: all the calibration windows).
 
     Returns the refined QUBO, the ``RankedStates`` of the sets measured at high fidelity (lowest calibration KL
     first; these are the candidates to validate) and the work: the rounds' FPE, rounds, why it stopped. With a
@@ -401,7 +411,7 @@ def refine_qubo(
             bar.set_postfix(fields, refresh=False)  # a dict keeps this order (keyword arguments are sorted)
             bar.refresh()
 
-    prior_cost = float(prior.metadata.get("fpe") or 0.0) * int(calibration.shape[0])  # per window, as the rounds
+    prior_cost = float(prior.metadata.get("fpe") or 0.0) * int(prior_windows or calibration.shape[0])  # per window
     try:
         r = refine(
             model, blocks, calibration, None, remove, budget=budget, prior=prior, prior_cost=prior_cost,
@@ -428,10 +438,11 @@ def refine_qubo(
 def total_fpe(work: dict[str, Any], n_calibration: int, n_validation: int) -> float:
     """Everything ``work`` charged, in the one unit of a budget (one FPE: one full forward pass over one window).
 
-    The estimate's and the validation's FPE count passes over all their windows; the refinement's rounds and the
-    final selection count per window already.
+    The estimate's and the validation's FPE count passes over all their windows (the estimate's: ``estimate_windows``
+    when it used fewer than the calibration split); the refinement's rounds and the final selection count per window
+    already.
     """
-    total = float(work.get("estimate_fpe") or 0.0) * n_calibration
+    total = float(work.get("estimate_fpe") or 0.0) * int(work.get("estimate_windows") or n_calibration)
     total += float((work.get("validation") or {}).get("fpe") or 0.0) * n_validation
     for key in ("refine", "selection"):
         total += float((work.get(key) or {}).get("fpe") or 0.0)

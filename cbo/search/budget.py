@@ -10,6 +10,11 @@ measured at layer granularity, where every point of the grid has ``k (n − k) <
 * 60 sublayer halves, 16 removed: 704 neighbours → 939 FPE;
 * 80 layers (Llama-3.3-70B), 40 removed: 1,600 → 2,134 FPE; 160 halves, 80 removed: 6,400 → 8,534 FPE.
 
+Where the budget rises above the floor the space is **large** (:func:`large_space`), and the default spends on
+measurements rather than on the prior there: the estimate that seeds refine is measured on refine's low-fidelity
+windows only (one window instead of the whole pool), which at 60 halves costs a few dozen FPE instead of about a
+thousand, and refine's rounds correct it.
+
 Example:
     >>> swap_neighbours(30, 15)
     225
@@ -40,4 +45,9 @@ def scaled_budget(n: int, k: int, *, floor: float = FLOOR, per_neighbour: float 
     return float(max(floor, math.ceil(per_neighbour * swap_neighbours(n, k))))
 
 
-__all__ = ["FLOOR", "FPE_PER_NEIGHBOUR", "scaled_budget", "swap_neighbours"]
+def large_space(n: int, k: int) -> bool:
+    """Whether removing ``k`` of ``n`` is a space past the floor's: its budget is scaled up, its prior made cheap."""
+    return scaled_budget(n, k) > FLOOR
+
+
+__all__ = ["FLOOR", "FPE_PER_NEIGHBOUR", "large_space", "scaled_budget", "swap_neighbours"]

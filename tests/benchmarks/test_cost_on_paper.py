@@ -13,7 +13,7 @@ from bench_scripts import ROOT, bench_module
 from doc_examples import example
 
 from cbo.baselines.evopress import default_generations
-from cbo.search.budget import scaled_budget
+from cbo.search.budget import large_space, scaled_budget
 
 COMMITTED = ROOT / "benchmarks" / "results" / "cost_on_paper" / "cost_on_paper.json"
 
@@ -65,8 +65,9 @@ def test_a_row_is_the_code_s_budget_and_generations_and_the_formulas_by_hand(P, 
     setup = 1 + ell + h  # the original pass and the replay's check (last layer and head)
     singles = ell * 80 * 79 / 2 + 80 * h  # block i reruns the layers after it, then the head
     c_set, c_evo = (h + rho * (1 - h) * 40 / 80 for rho in (rho_set, rho_evo))
+    assert large_space(80, 40)  # the estimate on refine's one low-fidelity window, not the 32 calibration windows
     by_hand = {
-        "estimate": 32 * (setup + singles),
+        "estimate": 1 * (setup + singles),
         "validation": 32 * (setup + 10 * c_set),
         "refine": 2134,
         "race": (32 + 64) * (setup + 8 * c_set),
@@ -156,3 +157,11 @@ def test_the_guide_s_table_carries_the_committed_figures(result):
         parts = " + ".join(f"{p[x]:,.0f}" for x in ("estimate", "validation", "refine", "race"))
         assert f"| {r['budget']:,.0f} | {parts} = **{r['default_total']:,.0f}** |" in guide, r["model"]
         assert f"| {e['fast']['total']:,.0f} / {e['published']['total']:,.0f} |" in guide, r["model"]
+
+
+def test_only_the_small_space_keeps_the_full_estimate(result):
+    """8B layer at 25 % (192 swap neighbours, the floor's budget) keeps the estimate on 32 windows: 32 times the
+    one-window estimate of the same model at 50 %, which is a large space."""
+    small, large = row(result, "Llama-3.1-8B", "layer", 0.25), row(result, "Llama-3.1-8B", "layer", 0.5)
+    assert not large_space(32, 8) and large_space(32, 16)
+    assert small["default"]["estimate"] == pytest.approx(32 * large["default"]["estimate"], rel=1e-9)

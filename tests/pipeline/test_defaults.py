@@ -86,6 +86,24 @@ def test_the_default_budget_follows_the_space_and_the_report_counts_improving_ro
     assert scaled_budget(6, 2) == DEFAULT_REFINE and scaled_budget(60, 16) == 939  # 4/3 FPE per swap neighbour
 
 
+def test_a_large_space_gets_a_cheap_prior_and_a_larger_budget(tiny_model, novel_folder, tokenizer):
+    """16 of 32 sublayer halves (256 swap neighbours): the estimate runs on refine's one low-fidelity window and is
+    charged for that window only; the budget is 4/3 FPE per neighbour. An explicit budget keeps the full estimate."""
+    from cbo.search.budget import large_space, scaled_budget
+
+    model = tiny_model("llama", n_layers=16, seed=1, vocab_size=260)
+    kw = dict(remove=16, granularity="sublayer", select=None, **{**SMALL, "validate": 2})
+    assert large_space(32, 16) and scaled_budget(32, 16) == 342
+    report = prune_depth(model, tokenizer, novel_folder, **kw)
+    work = report.work
+    assert work["estimate_windows"] == 1 and work["refine"]["budget"] == 342 and work["refine"]["fpe"] > 300
+    expected = work["estimate_fpe"] * 1 + work["validation"]["fpe"] * 4 + work["refine"]["fpe"]
+    assert work["total_fpe"] == pytest.approx(expected, abs=0.01)
+    explicit = prune_depth(model, tokenizer, novel_folder, refine=300, **kw)
+    assert explicit.work["estimate_windows"] == 4 and explicit.work["refine"]["budget"] == 300
+    assert explicit.work["estimate_fpe"] == pytest.approx(work["estimate_fpe"], rel=0.5)  # per window, alike
+
+
 def test_the_default_race_is_skipped_where_no_fresh_window_can_be_cut(tiny_model, tiny_windows):
     model = tiny_model("llama", n_layers=5)
     splits = TokenSplits(*(tiny_windows(model, n=4, seq_len=16, seed=s) for s in (1, 2, 3)), {"source": "random"})
