@@ -72,7 +72,11 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--select", type=int, help=f"the race's fresh windows (default {FULL['select']})")
     p.add_argument("--seeds", help="comma-separated seeds (default 0)")
     p.add_argument("--criterion", default="ce", choices=("ce", "kl"), help="what the race compares")
-    p.add_argument("--refine", type=float, help="also refine with this budget (FPE of the rounds), then race")
+    p.add_argument(
+        "--refine", type=budget_arg, help="also refine with this budget (FPE of the rounds), then race; 'auto': the "
+        "pipeline's default (the budget scaled with the space, a cheap prior where it is large)",
+    )  # fmt: skip
+    p.add_argument("--routes", help=f"comma-separated routes to run (default: all of {', '.join(ROUTES)} that apply)")
     p.add_argument(
         "--granularity",
         default="layer",
@@ -86,6 +90,11 @@ def parse(argv: list[str] | None) -> Any:
         "benchmarks/results/search/full-layer-15-s0.json: EvoPress and SLEB at M = 15), measured beside",
     )
     return C.parse_with_defaults(p, argv, FULL, QUICK)
+
+
+def budget_arg(text: str) -> float | str:
+    """``--refine``: a number of FPE or ``auto``."""
+    return text if text == "auto" else float(text)
 
 
 def splits_for(args: Any, tokenizer: Any, model: Any, seed: int) -> Any:
@@ -143,7 +152,8 @@ def routes(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed
         "refined": {"refine": args.refine, **race},
     }
     out = {}
-    for route in ROUTES if args.refine else ROUTES[:2]:
+    chosen = C.split_list(args.routes) if getattr(args, "routes", None) else ROUTES
+    for route in [r for r in ROUTES if r in chosen and (args.refine or r != "refined")]:
         shutil.rmtree(cache / "measured", ignore_errors=True)
         out[route] = prune_depth(model, tokenizer, **common, **extra[route])
     return out
@@ -185,7 +195,8 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
     reports = routes(args, model, tokenizer, splits, remove, seed)
     sets = {name: sorted(r.chosen_blocks) for name, r in reports.items()}
     fpe = {name: r.work["total_fpe"] for name, r in reports.items()}  # one unit: a forward over one window
-    refs = {**one_at_a_time(reports["validated"], splits), **references(args, remove, seed)}
+    refs = {**(one_at_a_time(reports["validated"], splits) if "validated" in reports else {})}
+    refs.update(references(args, remove, seed))
     for name, ref in refs.items():
         sets[name], fpe[name] = sorted(ref["removed"]), float(ref["fpe"])
     row: dict[str, Any] = {
@@ -197,6 +208,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
         "references": sorted(refs),
         "selection": {name: r.selection for name, r in reports.items() if r.selection is not None},
         "refine": reports["refined"].work["refine"] if "refined" in reports else None,
+        "estimate_windows": {name: r.work.get("estimate_windows") for name, r in reports.items()},
         "test": {},
     }
     blocks = find_blocks(model, args.granularity)
@@ -209,7 +221,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
             "ppl": {name: math.exp(float(by[name].mean())) for name in names},
             "ratio": {  # route / baseline, below 1: the route is better
                 f"{name}/{base}": list(paired_ppl_ratio(by[name], by[base], seed=seed))
-                for base in ["validated", *sorted(refs)]
+                for base in [*(["validated"] if "validated" in reports else []), *sorted(refs)]
                 for name in names
                 if name != base and name in reports
             },

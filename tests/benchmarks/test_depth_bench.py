@@ -335,6 +335,8 @@ def test_final_choice_quick(installed, tmp_path):
 def test_final_choice_reads_the_search_grids_points(tmp_path):
     from benchmarks import final_choice as F
 
+    assert F.budget_arg("auto") == "auto" and F.budget_arg("60") == 60.0  # --refine: the default's, or a number
+
     grid = tmp_path / "point.json"  # benchmarks.search's point.json: the spec and each method's evaluation
     grid.write_text(
         json.dumps(
