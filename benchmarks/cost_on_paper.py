@@ -210,6 +210,8 @@ def measured_points(results: Path) -> tuple[list[dict], list[dict]]:
     for path in [search / "search.json", *sorted((search / "full").glob("*.point.json"))]:
         data = json.loads(path.read_text())
         for name, point in (data["points"] if "points" in data else {data["spec"]["name"]: data}).items():
+            if "evopress" not in point["runs"]:  # a point of other methods only (e.g. refine with another budget)
+                continue
             run, (granularity, remove) = point["runs"]["evopress"], name.split("-")[:2]
             runs.append({"granularity": granularity, "remove": int(remove), "fpe": run["fpe"], "settings": run["info"]})
     return routes, runs
