@@ -24,7 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from lm_eval.models.huggingface import HFLM
-from tqdm import tqdm
+
+from cbo.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,9 @@ class SharedPrefixLM(HFLM):
         )
         sizes = [len(packed_row(ctx, [requests[i][2] for i in members])[0]) for ctx, members in groups]
         rows = self.batch_size if isinstance(self.batch_size, int) else 8
-        bar = tqdm(
+        bar = progress_bar(
+            not disable_tqdm and self.rank == 0,
             total=sum(len(m) for _, m in groups),
-            disable=disable_tqdm or self.rank != 0,
             desc="Running loglikelihood requests (shared contexts)",
         )
         for batch in packed_batches(sizes, max(1, rows), int(self.model.config.get_text_config().vocab_size)):
