@@ -1,17 +1,16 @@
 """Multiple-choice log-likelihoods with each context run once: the scorer behind :func:`cbo.evaluate_tasks`.
 
 A multiple-choice item asks lm-eval for ``log p(choice | context)`` of every choice, and lm-eval's ``HFLM`` runs
-the whole ``context + choice`` once per choice and computes the vocabulary's logits at every position. Here the
-requests that share a context are scored together: the context runs once (the model's cache kept, logits at its
-last position only), then all its continuations run as one batch on a copy of that cache, with logits only where a
-continuation token is predicted. A HellaSwag item (a long context, four endings) costs about half the tokens and a
-quarter of the logits; an ARC or MMLU item costs one pass over its question.
+the whole ``context + choice`` once per choice. Here the requests that share a context are packed into one row:
+the context once, then each choice's tokens after it with position ids that go on from the context's end, under a
+mask that lets a choice see the context and itself, never another choice; several items' rows run in one forward
+pass. A HellaSwag item (a long context, four endings) costs about half the tokens; an ARC item about a third.
 
 The results are the same log-likelihoods and greedy flags, up to float rounding (about 1e-5 on a sum of
-log-probabilities). The first shared context of a model is also scored the plain way and compared: a model whose
-cache cannot be shared this way (a mismatch or an error) is scored by ``HFLM``'s own loop for the rest of the run,
-with a warning. Requests whose context is not shared (LAMBADA, WinoGrande's partial scoring, rolling perplexity)
-go to ``HFLM``'s batched loop as they are.
+log-probabilities). The first shared context of a model is also scored the plain way and compared: a model that
+packed rows do not fit (a mismatch or an error) is scored by ``HFLM``'s own loop for the rest of the run, with a
+warning. Requests whose context is not shared (LAMBADA, WinoGrande's partial scoring, rolling perplexity) go to
+``HFLM``'s batched loop as they are.
 """
 
 from __future__ import annotations
