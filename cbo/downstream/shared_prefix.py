@@ -160,10 +160,10 @@ class SharedPrefixLM(HFLM):
                     results[i] = answer
 
         plain(alone)
-        groups = sorted(
-            shared.items(), key=lambda item: -len(packed_row(item[0], [requests[i][2] for i in item[1]])[0])
-        )
-        sizes = [len(packed_row(ctx, [requests[i][2] for i in members])[0]) for ctx, members in groups]
+        # a packed row's length: the context, then each continuation but its last token (as packed_row lays it out)
+        length = {ctx: len(ctx) + sum(len(requests[i][2]) - 1 for i in members) for ctx, members in shared.items()}
+        groups = sorted(shared.items(), key=lambda item: -length[item[0]])
+        sizes = [length[ctx] for ctx, _ in groups]
         rows = self.batch_size if isinstance(self.batch_size, int) else 8
         bar = progress_bar(
             not disable_tqdm and self.rank == 0,
