@@ -429,13 +429,16 @@ def refine_search(
 
 
 def improving_rounds(rounds: Sequence[dict[str, Any]]) -> list[int]:
-    """The rounds after the first whose best measured set beat every earlier round's (the incumbent improved)."""
-    out, best = [], float("inf")
+    """The rounds after the first whose best measured set beat every earlier round's (the incumbent improved), by
+    the rule of the progress bar's :class:`cbo.progress.Incumbent`."""
+    from cbo.progress import Incumbent
+
+    incumbent, out = Incumbent(), []
     for record in rounds:
-        if record["best"] < best - 1e-12:
-            if best < float("inf"):
-                out.append(int(record["round"]))
-            best = float(record["best"])
+        before = incumbent.improvements
+        incumbent.update(int(record["round"]), float(record["best"]))
+        if incumbent.improvements > before:
+            out.append(int(record["round"]))
     return out
 
 
