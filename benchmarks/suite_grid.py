@@ -78,31 +78,42 @@ def _key(granularity: str, blocks: list[int], limit: int | None, seed: int) -> s
     return f"{granularity}-{'-'.join(map(str, blocks)) or 'none'}-{subset}"
 
 
+def read_scores(path: Path) -> dict:
+    """A set's cached suite results and per-item scores (empty when not cached yet)."""
+    return json.loads(path.read_text()) if path.is_file() else {"results": {}, "items": {}}
+
+
+def add_scores(path: Path, done: dict, results: dict, items: dict) -> None:
+    """Add one task's results and per-item scores (as ``evaluate_tasks`` fills them) to ``done`` and write it."""
+    from cbo.files import atomic_write_text
+
+    done["results"].update(results)
+    done["items"].update({t: {str(k): v for k, v in s.items()} for t, s in items.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(done) + "\n")
+
+
 def score_set(job: C.Run, granularity: str, blocks: list[int], model: Any, tokenizer: Any) -> dict:
     """The suite's results and per-item scores of one removal set, from the cache or measured (task by task,
     each saved when it finishes)."""
     from cbo.downstream.harness import evaluate_tasks, parse_tasks, run_units
-    from cbo.files import atomic_write_text
     from cbo.model.blocks import find_blocks
     from cbo.pipeline.depth import prune_blocks
 
     args = job.args
     path = Path(args.cache or job.out / "scores") / f"{_key(granularity, blocks, args.limit, args.seed)}.json"
-    done = json.loads(path.read_text()) if path.is_file() else {"results": {}, "items": {}}
+    done = read_scores(path)
     todo = [u for u in run_units(parse_tasks(args.tasks)) if u not in done["results"]]
     if not todo:
         return done
     pruned = prune_blocks(model, find_blocks(model, granularity), blocks) if blocks else model
-    path.parent.mkdir(parents=True, exist_ok=True)
     for unit in todo:
         items: dict = {}
         results = evaluate_tasks(
             pruned, tokenizer, [unit], limit=args.limit, seed=args.seed, batch_size=args.batch_size,
             progress=not args.no_progress, item_scores=items,
         )  # fmt: skip
-        done["results"].update(results)
-        done["items"].update({t: {str(k): v for k, v in s.items()} for t, s in items.items()})
-        atomic_write_text(path, json.dumps(done) + "\n")
+        add_scores(path, done, results, items)
     return done
 
 

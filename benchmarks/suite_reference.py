@@ -63,18 +63,12 @@ def peak_rss_mb() -> float:
 
 def save_items(args: Any, results: dict, items: dict) -> None:
     """Add one task's results and per-item scores to the grid's cache file of the unpruned default model."""
-    import json
     from pathlib import Path
 
-    from benchmarks.suite_grid import _key
-    from cbo.files import atomic_write_text
+    from benchmarks.suite_grid import _key, add_scores, read_scores
 
     path = Path(args.scores) / f"{_key('layer', [], args.limit, args.seed)}.json"
-    done = json.loads(path.read_text()) if path.is_file() else {"results": {}, "items": {}}
-    done["results"].update(results)
-    done["items"].update({t: {str(k): v for k, v in s.items()} for t, s in items.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(done) + "\n")
+    add_scores(path, read_scores(path), results, items)
 
 
 def run(job: C.Run) -> dict:
