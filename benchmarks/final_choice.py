@@ -195,7 +195,7 @@ def point(args: Any, model: Any, tokenizer: Any, splits: Any, remove: int, seed:
     reports = routes(args, model, tokenizer, splits, remove, seed)
     sets = {name: sorted(r.chosen_blocks) for name, r in reports.items()}
     fpe = {name: r.work["total_fpe"] for name, r in reports.items()}  # one unit: a forward over one window
-    refs = {**(one_at_a_time(reports["validated"], splits) if "validated" in reports else {})}
+    refs = one_at_a_time(reports["validated"], splits) if "validated" in reports else {}
     refs.update(references(args, remove, seed))
     for name, ref in refs.items():
         sets[name], fpe[name] = sorted(ref["removed"]), float(ref["fpe"])
