@@ -393,7 +393,8 @@ def refine_qubo(
     from cbo.data.windows import data_hash
     from cbo.model.fingerprint import model_fingerprint
     from cbo.progress import Incumbent, progress_bar
-    from cbo.search.refine import improving_rounds, refine
+    from cbo.search.moves import SwapMoves
+    from cbo.search.refine import improving_rounds, neighbourhood, refine
 
     t = time.perf_counter()
     budget = float(search.refine)
@@ -427,6 +428,8 @@ def refine_qubo(
         "rounds": len(r.rounds),
         "stopped": r.stopped,
         "improving_rounds": improving_rounds(r.rounds),  # later rounds that beat the incumbent
+        # how much of the best set's one-swap neighbourhood the rounds measured (why no later round improved)
+        "neighbourhood": neighbourhood(r.rounds, SwapMoves(prior.kinds, prior.constraints.keep + prior.constraints.force)),
         "measured_sets": len(r.states),
         "best_calibration_kl": float(r.states.energies[0]),
         "prior_fpe": prior.metadata.get("fpe"),

@@ -38,16 +38,24 @@ def fmt_value(v: Any, spec: str = ".4g") -> str:
 
 
 def refine_line(work: dict[str, Any] | None) -> str:
-    """The caption's line on refinement: its rounds and how many rounds after the first improved the incumbent
-    (empty without refinement, or for a report written before the count was kept)."""
+    """The caption's line on refinement: its rounds, how many rounds after the first improved the incumbent, and
+    how much of the best set's one-swap neighbourhood was measured (empty without refinement, or for a report
+    written before the count was kept)."""
     if not work or "improving_rounds" not in work:
         return ""
     rounds, better = int(work.get("rounds") or 0), list(work["improving_rounds"])
     found = f"the best set from round {better[-1]}" if better else "the best set from round 1"
-    return (
+    line = (
         f"\nrefine: {rounds} rounds, {work.get('fpe', 0):.0f} of {work.get('budget', 0):.0f} FPE; {found}; "
         f"{len(better)} of {max(rounds - 1, 0)} later rounds improved it"
     )
+    around = work.get("neighbourhood") or {}
+    if around:
+        line += (
+            f"; {around['measured']} of its {around['size']} one-swap neighbours measured, {around['high']} of them "
+            "on the high-fidelity windows, none lower"
+        )
+    return line
 
 
 def removed_fractions(before: int | None, after: int | None, prunable: int | None) -> str:

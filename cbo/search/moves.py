@@ -12,6 +12,8 @@ Example:
     >>> child = moves.mutate((1, 2), 3)
     >>> len(child), 0 in child
     (2, False)
+    >>> len(moves.neighbours((1, 2)))  # 2 removed x 3 kept (unit 0 never moves)
+    6
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ class SwapMoves:
             gone = sum(1 for i in units if i in removed)
             if 0 < gone < len(units):
                 out.append(kind)
+        return out
+
+    def neighbours(self, parent: Sequence[int]) -> list[tuple[int, ...]]:
+        """Every set one swap away from ``parent`` (one removed unit restored, one kept unit of the same kind
+        removed): ``k (n − k)`` sets for one kind with ``k`` of its ``n`` movable units removed."""
+        removed = set(int(i) for i in parent)
+        out = []
+        for units in self.units.values():
+            gone = [i for i in units if i in removed]
+            kept = [i for i in units if i not in removed]
+            out += [tuple(sorted((removed - {back}) | {add})) for back in gone for add in kept]
         return out
 
     def mutate(self, parent: Sequence[int], max_mutations: int, kinds: Sequence[str] | None = None) -> tuple[int, ...]:

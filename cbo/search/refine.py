@@ -442,6 +442,20 @@ def improving_rounds(rounds: Sequence[dict[str, Any]]) -> list[int]:
     return out
 
 
+def neighbourhood(rounds: Sequence[dict[str, Any]], moves: SwapMoves) -> dict[str, int]:
+    """How much of the final best set's one-swap neighbourhood the rounds measured: ``{"size": every neighbour,
+    "measured": those measured at all, "high": those measured on the high-fidelity windows}``. None of the ``high``
+    ones beat the best set (it is the lowest high-fidelity loss); the others lost at low fidelity in their round.
+    Empty when no round found a best set."""
+    best = rounds[-1].get("best_removed") if rounds else None
+    if not best:
+        return {}
+    around = set(moves.neighbours(best))
+    low = {tuple(p) for r in rounds for p in r.get("proposals", [])}
+    high = {tuple(p) for r in rounds for p in r.get("promoted", [])}
+    return {"size": len(around), "measured": len(around & (low | high)), "high": len(around & high)}
+
+
 def fidelity_windows(n_pool: int, low: int, high: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
     """The low- and high-fidelity windows: the first ``low`` / ``high`` of a permutation drawn from ``rng``."""
     order = [int(w) for w in rng.permutation(n_pool)]

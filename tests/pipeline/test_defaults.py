@@ -80,6 +80,9 @@ def test_the_default_budget_follows_the_space_and_the_report_counts_improving_ro
     rounds, better = report.work["refine"]["rounds"], report.work["refine"]["improving_rounds"]
     assert all(2 <= r <= rounds for r in better) and better == sorted(set(better))
     assert f"{len(better)} of {rounds - 1} later rounds improved it" in report.table().caption
+    around = report.work["refine"]["neighbourhood"]
+    assert around["size"] == 2 * 3 and 0 <= around["high"] <= around["measured"] <= around["size"]
+    assert f"{around['measured']} of its 6 one-swap neighbours measured" in report.table().caption
     asked.clear()
     explicit = prune_depth(model, tokenizer, novel_folder, remove=2, refine=320, select=None, **SMALL)
     assert asked == [] and explicit.work["refine"]["budget"] == 320

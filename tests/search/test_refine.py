@@ -269,3 +269,36 @@ def test_improving_rounds_are_the_later_rounds_that_beat_the_incumbent():
     assert improving_rounds([{"round": i + 1, "best": b} for i, b in enumerate(bests)]) == [3, 6]
     assert improving_rounds([{"round": 1, "best": 0.5}, {"round": 2, "best": 0.5}]) == []
     assert improving_rounds([]) == []
+
+
+def test_the_swap_neighbourhood_is_every_set_one_swap_away_within_a_kind():
+    """Brute force: every same-size set at Hamming distance 2 that keeps each kind's count and never moves a kept
+    unit; k (n - k) of them for one kind."""
+    from cbo.search.moves import SwapMoves
+
+    kinds = ["attention", "mlp"] * 4
+    moves = SwapMoves(kinds, keep=[0])
+    parent = (1, 2, 5)
+    got = moves.neighbours(parent)
+    want = []
+    for cand in itertools.combinations(range(8), 3):
+        if 0 in cand or len(set(cand) ^ set(parent)) != 2:
+            continue
+        if sorted(kinds[i] for i in cand) == sorted(kinds[i] for i in parent):
+            want.append(cand)
+    assert sorted(got) == sorted(want) and len(got) == len(set(got))
+    assert len(SwapMoves(["layer"] * 30).neighbours(tuple(range(15)))) == 225
+
+
+def test_neighbourhood_counts_the_best_sets_neighbours_measured_at_each_fidelity():
+    from cbo.search.moves import SwapMoves
+    from cbo.search.refine import neighbourhood
+
+    moves = SwapMoves(["layer"] * 5)
+    rounds = [
+        {"proposals": [[0, 1], [0, 2], [3, 4]], "promoted": [[0, 1]], "best_removed": [0, 1]},
+        {"proposals": [[1, 2], [1, 4], [0, 3]], "promoted": [[1, 2]], "best_removed": [0, 1]},
+    ]
+    # neighbours of (0, 1): (0,2) (0,3) (0,4) (1,2) (1,3) (1,4); measured: (0,2) (1,2) (1,4) (0,3); high: (1,2)
+    assert neighbourhood(rounds, moves) == {"size": 6, "measured": 4, "high": 1}
+    assert neighbourhood([], moves) == {} and neighbourhood([{"best_removed": None}], moves) == {}
