@@ -429,7 +429,9 @@ def refine_qubo(
         "stopped": r.stopped,
         "improving_rounds": improving_rounds(r.rounds),  # later rounds that beat the incumbent
         # how much of the best set's one-swap neighbourhood the rounds measured (why no later round improved)
-        "neighbourhood": neighbourhood(r.rounds, SwapMoves(prior.kinds, prior.constraints.keep + prior.constraints.force)),
+        "neighbourhood": neighbourhood(
+            r.rounds, SwapMoves(prior.kinds, prior.constraints.keep + prior.constraints.force)
+        ),
         "measured_sets": len(r.states),
         "best_calibration_kl": float(r.states.energies[0]),
         "prior_fpe": prior.metadata.get("fpe"),
