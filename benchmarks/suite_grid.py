@@ -122,20 +122,40 @@ def compare(point: dict[str, dict], units: list[str]) -> dict[str, Any]:
     perplexity, and default - method over the same items (a paired bootstrap interval)."""
     from cbo.downstream.scores import average, paired_difference, reported
 
-    def items(scores: dict) -> dict:
-        return {t: {int(k): v for k, v in s.items()} for t, s in scores["items"].items()}
-
     out = {}
     base = point.get("refined")
     for method, scores in point.items():
         res = scores["results"]
         row = {u: res.get(u, {}).get(reported(u)) for u in units}
         row["average"] = average(res, units)
-        row["lambada_ppl"] = res.get("lambada_openai", {}).get("perplexity")
+        row["lambada_ppl"] = res.get("lambada_openai", {}).get("perplexity") if "lambada_openai" in units else None
         row["n"] = {t: int(v.get("n", 0)) for t, v in res.items()}
         if base is not None and method != "refined" and row["average"] is not None and average(base["results"], units):
-            row["default_minus"] = list(paired_difference(items(base), items(scores), units))
+            row["default_minus"] = list(paired_difference(_items(base), _items(scores), units))
         out[method] = row
+    return out
+
+
+def _items(scores: dict) -> dict:
+    return {t: {int(k): v for k, v in s.items()} for t, s in scores["items"].items()}
+
+
+def lead_growth(points: dict[str, tuple[int, dict[str, dict]]], units: list[str]) -> dict[str, list[float]]:
+    """Does the default's lead over block influence grow with the count removed? For each layer point after the
+    one that removes least: its lead minus that point's, over the items all four sets were scored on (a paired
+    bootstrap interval). ``points``: ``{name: (removed, {method: scores})}`` of the layer points."""
+    from cbo.downstream.scores import paired_contrast
+
+    have = {n: (m, s) for n, (m, s) in points.items() if "refined" in s and "block_influence" in s}
+    if len(have) < 2:
+        return {}
+    first = min(have, key=lambda n: have[n][0])
+    a1, b1 = _items(have[first][1]["refined"]), _items(have[first][1]["block_influence"])
+    out = {}
+    for name, (_, scored) in sorted(have.items(), key=lambda kv: kv[1][0]):
+        if name != first:
+            a2, b2 = _items(scored["refined"]), _items(scored["block_influence"])
+            out[f"{name} − {first}"] = list(paired_contrast([(1.0, a2), (-1.0, b2), (-1.0, a1), (1.0, b1)], units))
     return out
 
 
@@ -148,7 +168,7 @@ def run(job: C.Run) -> dict:
     methods = C.split_list(args.methods)
     units = run_units(parse_tasks(args.tasks))
     settings = {"limit": args.limit, "seed": args.seed, "tasks": args.tasks, "units": ",".join(units)}
-    points = {}
+    points, layers = {}, {}
     for name in C.split_list(args.points):
         row = point_row(RESULTS / "final_choice" / POINTS[name])
         granularity = row["granularity"]
@@ -164,8 +184,10 @@ def run(job: C.Run) -> dict:
             if scores["results"]:
                 scored[method] = scores
         points[name] = {"sets": sets, "table": compare(scored, units)}
+        if granularity == "layer":
+            layers[name] = (int(row["remove"]), scored)
         job.save(job.header(points=points, **settings))  # what an interrupted run keeps
-    return job.header(points=points, **settings)
+    return job.header(points=points, growth=lead_growth(layers, units), **settings)
 
 
 def markdown(result: dict) -> str:
@@ -178,13 +200,15 @@ def markdown(result: dict) -> str:
     lines = [f"# The grid on {result['tasks']} ({subset})", "", f"`{result['command']}`", ""]
     for name, point in result["points"].items():
         lines += [f"## {name}", ""]
-        header = ["method", *names, "average", "LAMBADA PPL", "default − method (avg, 95 % CI)"]
+        ppl = ["LAMBADA PPL"] if "lambada_openai" in names else []
+        header = ["method", *names, "average", *ppl, "default − method (avg, 95 % CI)"]
         rows = []
         for method, row in point["table"].items():
             diff = row.get("default_minus")
             rows.append([
                 LABEL.get(method, method), *[C.fmt(row[t], 3) for t in names], C.fmt(row["average"], 4),
-                C.fmt(row["lambada_ppl"], 4), "—" if diff is None else f"{diff[0]:+.4f} [{diff[1]:+.4f}, {diff[2]:+.4f}]",
+                *[C.fmt(row["lambada_ppl"], 4) for _ in ppl],
+                "—" if diff is None else f"{diff[0]:+.4f} [{diff[1]:+.4f}, {diff[2]:+.4f}]",
             ])  # fmt: skip
         lines += [C.md_table(header, rows), ""]
     trend = [
@@ -195,6 +219,10 @@ def markdown(result: dict) -> str:
     if trend:
         lines += ["## The default's lead over block influence (average, default − block influence)", ""]
         lines += [C.md_table(["point", "difference (95 % CI, paired over items)"], trend), ""]
+    growth = [[pair, f"{d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}]"] for pair, d in (result.get("growth") or {}).items()]
+    if growth:
+        lines += ["Does the lead grow with the count removed? One point's lead minus the smallest point's:", ""]
+        lines += [C.md_table(["points", "change of the lead (95 % CI, paired over items)"], growth), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -53,6 +53,35 @@ def test_grid_compares_each_method_with_the_default_over_the_same_items():
     assert f"| m15-s0 | {diff:+.4f} [{low:+.4f}, {high:+.4f}] |" in text  # the lead over block influence
 
 
+def test_the_leads_growth_is_a_difference_of_paired_differences_over_the_same_items():
+    """Point B's lead over block influence minus point A's, computed by hand item by item; the table shows it, and
+    without LAMBADA among the tasks there is no LAMBADA column."""
+    G = bench_module("suite_grid")
+    rng = np.random.default_rng(1)
+    small = {"refined": _scores(rng, 0.6), "block_influence": _scores(rng, 0.6)}
+    large = {"refined": _scores(rng, 0.5), "block_influence": _scores(rng, 0.3)}
+    units = ["arc_easy", "piqa"]
+    growth = G.lead_growth({"m15-s0": (15, large), "m8-s0": (8, small), "sub8-s0": (8, {})}, units)
+    assert list(growth) == ["m15-s0 − m8-s0"]
+
+    def lead(point, t):
+        return [point["refined"]["items"][t][i]["acc"] - point["block_influence"]["items"][t][i]["acc"] for i in
+                point["refined"]["items"][t]]  # fmt: skip
+
+    direct = np.mean([np.mean(np.subtract(lead(large, t), lead(small, t))) for t in units])
+    value, low, high = growth["m15-s0 − m8-s0"]
+    assert value == pytest.approx(direct) and low < value < high
+    assert G.lead_growth({"m8-s0": (8, small)}, units) == {}
+    table = G.compare(large, units)
+    assert table["refined"]["lambada_ppl"] is None
+    result = {"command": "x", "limit": None, "seed": 0, "tasks": "arc_easy,piqa", "units": ",".join(units)}
+    result["points"] = {"m15-s0": {"sets": {}, "table": table}}
+    result["growth"] = growth
+    text = G.markdown(result)
+    assert "LAMBADA" not in text and "every item" in text
+    assert f"| m15-s0 − m8-s0 | {value:+.4f} [{low:+.4f}, {high:+.4f}] |" in text
+
+
 def test_reference_table_states_the_subset_and_labels_the_projection():
     R = bench_module("suite_reference")
     row = {
