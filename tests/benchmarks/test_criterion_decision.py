@@ -1,0 +1,63 @@
+"""The criterion decision from fabricated scores: per point and pooled KL - CE equal a hand computation over the
+items, the rule keeps CE on a tie, and a set without cached scores is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from bench_scripts import bench_module
+
+TASKS = ["arc_easy_validation", "arc_challenge_validation"]
+METRIC = {"arc_easy_validation": "acc", "arc_challenge_validation": "acc_norm"}
+
+
+def _write_set(cache, blocks, rng, p):
+    items = {t: {str(i): {METRIC[t]: float(rng.random() < p)} for i in range(60)} for t in TASKS}
+    name = f"layer-{'-'.join(map(str, blocks))}-all.json"
+    (cache / name).write_text(json.dumps({"results": {t: {} for t in TASKS}, "items": items}))
+    return {t: {int(k): v[METRIC[t]] for k, v in s.items()} for t, s in items.items()}
+
+
+def _choice(path, blocks):
+    path.write_text(json.dumps({"rows": [{"sets": {"refined": blocks}}]}))
+    return path
+
+
+def test_per_point_and_pooled_differences_and_the_rule(tmp_path, monkeypatch):
+    D = bench_module("criterion_decision")
+    monkeypatch.setattr(D, "RESULTS", tmp_path)
+    (tmp_path / "final_choice").mkdir()
+    cache = tmp_path / "scores"
+    cache.mkdir()
+    rng = np.random.default_rng(0)
+    sets = {"m8-s0": ([1, 2], [1, 3]), "m12-s0": ([4, 5], [4, 6])}  # (CE race, KL race)
+    scores, kl_args = {}, []
+    from benchmarks.suite_grid import POINTS
+
+    for name, (ce, kl) in sets.items():
+        _choice(tmp_path / "final_choice" / POINTS[name], ce)
+        kl_file = _choice(tmp_path / f"{name}-kl.json", kl)
+        kl_args.append(f"{name}={kl_file}")
+        scores[name] = (_write_set(cache, ce, rng, 0.4), _write_set(cache, kl, rng, 0.6))
+    out = tmp_path / "out"
+    D.main(["--kl", ",".join(kl_args), "--cache", str(cache), "--out", str(out)])
+    result = json.loads((out / "criterion_decision.json").read_text())
+
+    def diff(name):
+        ce, kl = scores[name]
+        return np.mean([np.mean([kl[t][i] - ce[t][i] for i in ce[t]]) for t in TASKS])
+
+    for name in sets:
+        value, low, high = result["points"][name]["kl_minus_ce"]
+        assert value == pytest.approx(diff(name)) and low <= value <= high
+    pooled = result["pooled"]
+    assert pooled[0] == pytest.approx(np.mean([diff(n) for n in sets]))
+    assert result["decision"] == D.decide(pooled)
+    assert D.decide([0.01, -0.003, 0.024]) == "ce" and D.decide([0.03, 0.01, 0.05]) == "kl"
+    assert D.decide([-0.03, -0.05, -0.01]) == "ce"
+    assert "pooled (mean of the points)" in (out / "criterion_decision.md").read_text()
+    (cache / "layer-4-6-all.json").unlink()
+    with pytest.raises(SystemExit, match=r"no scores of .* for the set \[4, 6\]"):
+        D.main(["--kl", ",".join(kl_args), "--cache", str(cache), "--out", str(out)])
