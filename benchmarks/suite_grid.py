@@ -46,6 +46,11 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--seed", type=int, default=0, help="seed of the subset")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--cache", type=Path, default=None, help="score cache (default: OUT/scores)")
+    p.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="score nothing: tabulate only the sets whose tasks are all cached (a staged run's tables so far)",
+    )
     C.add_report_arg(p, "suite_grid")
     return p.parse_args(argv)
 
@@ -106,6 +111,8 @@ def score_set(job: C.Run, granularity: str, blocks: list[int], model: Any, token
     todo = [u for u in run_units(parse_tasks(args.tasks)) if u not in done["results"]]
     if not todo:
         return done
+    if getattr(args, "cached_only", False):
+        return {"results": {}, "items": {}}  # not all cached: left out of the tables
     pruned = prune_blocks(model, find_blocks(model, granularity), blocks) if blocks else model
     for unit in todo:
         items: dict = {}

@@ -135,3 +135,20 @@ def test_reference_saves_item_scores_where_the_grid_reads_its_unpruned_set(tmp_p
         "results": {"arc_easy": {"acc": 0.5}, "piqa": {"acc": 1.0}},
         "items": {"arc_easy": {"0": {"acc": 1.0}, "1": {"acc": 0.0}}, "piqa": {"0": {"acc": 1.0}}},
     }
+
+
+def test_cached_only_tabulates_complete_sets_and_scores_nothing(tmp_path):
+    """--cached-only: a set with every task cached comes back as cached; a set missing a task is left out, and no
+    model is touched (None stands for the model: scoring would fail)."""
+    import json
+    from argparse import Namespace
+
+    G = bench_module("suite_grid")
+    args = Namespace(cache=tmp_path, limit=None, seed=0, tasks="arc_easy,piqa", cached_only=True)
+    job = Namespace(args=args, out=tmp_path)
+    full = {"results": {"arc_easy": {"acc": 0.5}, "piqa": {"acc": 0.6}}, "items": {"arc_easy": {}, "piqa": {}}}
+    (tmp_path / "layer-1-2-all.json").write_text(json.dumps(full))
+    part = {"results": {"arc_easy": {"acc": 0.5}}, "items": {"arc_easy": {}}}
+    (tmp_path / "layer-3-4-all.json").write_text(json.dumps(part))
+    assert G.score_set(job, "layer", [1, 2], None, None) == full
+    assert G.score_set(job, "layer", [3, 4], None, None) == {"results": {}, "items": {}}
