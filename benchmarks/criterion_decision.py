@@ -32,8 +32,9 @@ def parse(argv: list[str] | None) -> Any:
 
 
 def scores_of(cache: Path, blocks: list[int], tasks: list[str]) -> dict:
-    """One layer set's cached per-item scores of ``tasks`` (all of them, or a clear error naming the command)."""
-    from benchmarks.suite_grid import _items, _key, read_scores
+    """One layer set's cached results and per-item scores of ``tasks`` (all of them, or a clear error naming the
+    command)."""
+    from benchmarks.suite_grid import _key, read_scores
 
     path = Path(cache) / f"{_key('layer', blocks, None, 0)}.json"
     done = read_scores(path)
@@ -43,7 +44,7 @@ def scores_of(cache: Path, blocks: list[int], tasks: list[str]) -> dict:
             f"no scores of {missing} for the set {blocks} in {path}; score it first: python -m benchmarks.suite_grid "
             f"--extra race-kl=FILE --tasks {','.join(tasks)} --cache {cache}"
         )
-    return _items(done)
+    return done
 
 
 def decide(pooled: list[float]) -> str:
@@ -52,8 +53,8 @@ def decide(pooled: list[float]) -> str:
 
 
 def run(job: C.Run) -> dict:
-    from benchmarks.suite_grid import POINTS, point_row
-    from cbo.downstream.scores import paired_contrast
+    from benchmarks.suite_grid import POINTS, _items, point_row
+    from cbo.downstream.scores import average, paired_contrast
 
     args = job.args
     tasks = C.split_list(args.tasks)
@@ -62,19 +63,14 @@ def run(job: C.Run) -> dict:
     for name, path in pairs.items():
         ce = list(point_row(RESULTS / "final_choice" / POINTS[name])["sets"]["refined"])
         kl = list(point_row(Path(path))["sets"]["refined"])
-        a, b = scores_of(args.cache, kl, tasks), scores_of(args.cache, ce, tasks)
+        kl_scores, ce_scores = scores_of(args.cache, kl, tasks), scores_of(args.cache, ce, tasks)
+        a, b = _items(kl_scores), _items(ce_scores)
         diff = list(paired_contrast([(1.0, a), (-1.0, b)], tasks))
-        rows[name] = {"kl_set": kl, "ce_set": ce, "kl": _mean(a, tasks), "ce": _mean(b, tasks), "kl_minus_ce": diff}
+        accuracy = {"kl": average(kl_scores["results"], tasks), "ce": average(ce_scores["results"], tasks)}
+        rows[name] = {"kl_set": kl, "ce_set": ce, **accuracy, "kl_minus_ce": diff}
         terms += [(1.0 / len(pairs), a), (-1.0 / len(pairs), b)]
     pooled = list(paired_contrast(terms, tasks))
     return job.header(torch_info=False, tasks=tasks, points=rows, pooled=pooled, decision=decide(pooled))
-
-
-def _mean(scores: dict, tasks: list[str]) -> float:
-    """Average over ``tasks`` of each task's reported metric over its items."""
-    from cbo.downstream.scores import reported
-
-    return sum(sum(float(v[reported(t)]) for v in scores[t].values()) / len(scores[t]) for t in tasks) / len(tasks)
 
 
 def markdown(result: dict) -> str:

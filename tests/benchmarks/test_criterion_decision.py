@@ -16,7 +16,8 @@ METRIC = {"arc_easy_validation": "acc", "arc_challenge_validation": "acc_norm"}
 def _write_set(cache, blocks, rng, p):
     items = {t: {str(i): {METRIC[t]: float(rng.random() < p)} for i in range(60)} for t in TASKS}
     name = f"layer-{'-'.join(map(str, blocks))}-all.json"
-    (cache / name).write_text(json.dumps({"results": {t: {} for t in TASKS}, "items": items}))
+    results = {t: {METRIC[t]: float(np.mean([v[METRIC[t]] for v in items[t].values()]))} for t in TASKS}
+    (cache / name).write_text(json.dumps({"results": results, "items": items}))
     return {t: {int(k): v[METRIC[t]] for k, v in s.items()} for t, s in items.items()}
 
 
@@ -50,6 +51,8 @@ def test_per_point_and_pooled_differences_and_the_rule(tmp_path, monkeypatch):
         return np.mean([np.mean([kl[t][i] - ce[t][i] for i in ce[t]]) for t in TASKS])
 
     for name in sets:
+        ce, kl = scores[name]
+        assert result["points"][name]["kl"] == pytest.approx(np.mean([np.mean(list(kl[t].values())) for t in TASKS]))
         value, low, high = result["points"][name]["kl_minus_ce"]
         assert value == pytest.approx(diff(name)) and low <= value <= high
     pooled = result["pooled"]
