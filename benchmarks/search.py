@@ -103,9 +103,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--refine-budget", type=float, default=None, help="refine's budget in FPE (overrides the fraction)")
     p.add_argument("--validate", type=int, help="states validated by singles and refine (default 10)")
     p.add_argument(
-        "--refine-local", type=float, default=0.5, help="refine's trust-region share of a batch (default 0.5)"
+        "--refine-local",
+        type=float,
+        default=None,
+        help="refine's trust-region share of a batch (default: the pipeline's for the space, "
+        "cbo.search.budget.space_options: 0.5, or 0.85 around the incumbent alone in a large space)",
     )
-    p.add_argument("--refine-thompson", type=float, default=0.25, help="refine's posterior-draw share (default 0.25)")
+    p.add_argument(
+        "--refine-thompson",
+        type=float,
+        default=None,
+        help="refine's posterior-draw share (default: the pipeline's for the space: 0.25, or 0.1 in a large space)",
+    )
     p.add_argument(
         "--refine-options", type=json.loads, default={}, help="more refine options as JSON, e.g. '{\"batch\": 24}'"
     )

@@ -223,16 +223,19 @@ def caps_of(point: Point) -> dict[str, int]:
 
 
 def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
+    from cbo.search.budget import space_options
     from cbo.search.refine import refine
 
     budget, how = refine_budget(point, args)
     hi = min(16, args.calibration) if not args.quick else 2
+    space = space_options(len(point.blocks), point.total_removed)  # the pipeline's proposal mix for this space
     options = {
         "high_windows": hi,
         "low_windows": 1,
         "validate": args.validate,
-        "local": args.refine_local,
-        "thompson": args.refine_thompson,
+        "local": space.local if args.refine_local is None else args.refine_local,
+        "thompson": space.thompson if args.refine_thompson is None else args.refine_thompson,
+        "local_parents": space.local_parents,
         "solver": "auto" if point.granularity == "layer" else "swap-tabu",
         **args.refine_options,
     }

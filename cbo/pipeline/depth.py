@@ -29,7 +29,7 @@ from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokeniz
 from cbo.pipeline.options import AUTO, Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
 from cbo.qubo.block_qubo import BlockQUBO, Constraints
-from cbo.search.budget import large_space, scaled_budget
+from cbo.search.budget import large_space, scaled_budget, space_options
 from cbo.search.options import RefineOptions
 
 
@@ -249,6 +249,7 @@ def prune_depth(
             qubo, states, work["refine"] = refine_qubo(
                 model, blocks, splits.calibration, qubo, remove, search, run, measure_cache,
                 prior_windows=int(prior_windows.shape[0]),
+                options=space_options(n_candidates, remove) if auto_refine else None,
             )  # fmt: skip
             timings["refine"] = work["refine"].pop("wall_time")
         candidates = [(s.rank, list(s.removed), s.energy) for s in states]
@@ -381,10 +382,13 @@ def refine_qubo(
     run: Run,
     cache: Path | None = None,
     prior_windows: int | None = None,
+    options: RefineOptions | None = None,
 ) -> tuple[BlockQUBO, Any, dict[str, Any]]:
     """``prior`` refined with ``search.refine`` FPE of measurements on the calibration windows, through the one
     model-side entry point of the loop (:func:`cbo.search.refine.refine`). ``prior_windows``: the windows the prior
-    was estimated on (charged per window; default: all the calibration windows).
+    was estimated on (charged per window; default: all the calibration windows). ``options``: the loop's
+    :class:`RefineOptions` (default: its defaults; ``prune_depth``'s automatic budget gives
+    :func:`cbo.search.budget.space_options`, a local search in a large space).
 
     Returns the refined QUBO, the ``RankedStates`` of the sets measured at high fidelity (lowest calibration KL
     first; these are the candidates to validate) and the work: the rounds' FPE, rounds, why it stopped. With a
@@ -417,14 +421,18 @@ def refine_qubo(
         r = refine(
             model, blocks, calibration, None, remove, budget=budget, prior=prior, prior_cost=prior_cost,
             solver=search.solver, solver_options=search.solver_options, seed=run.seed, checkpoint=checkpoint,
-            progress=report,
+            progress=report, options=options,
         )  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
+    used = RefineOptions.build(options)
     work = {
         "fpe": r.cost["rounds"],
         "budget": budget,
+        # the proposal mix: shares of a batch from the trust region (swaps of the best `parents` sets) and from
+        # posterior draws (the rest: the posterior mean's lowest states)
+        "proposals": {"local": used.local, "thompson": used.thompson, "parents": used.local_parents},
         "rounds": len(r.rounds),
         "stopped": r.stopped,
         "improving_rounds": improving_rounds(r.rounds),  # later rounds that beat the incumbent

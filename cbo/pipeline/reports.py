@@ -49,6 +49,9 @@ def refine_line(work: dict[str, Any] | None) -> str:
         f"\nrefine: {rounds} rounds, {work.get('fpe', 0):.0f} of {work.get('budget', 0):.0f} FPE; {found}; "
         f"{len(better)} of {max(rounds - 1, 0)} later rounds improved it"
     )
+    mix = work.get("proposals") or {}
+    if mix.get("parents") == 1:  # a large space's local search (cbo.search.budget.space_options)
+        line += f"; a local search: {mix['local']:.0%} of each round's proposals are swaps of the incumbent"
     around = work.get("neighbourhood") or {}
     if around:
         line += (

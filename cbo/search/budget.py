@@ -13,13 +13,18 @@ measured at layer granularity, where every point of the grid has ``k (n − k) <
 Where the budget rises above the floor the space is **large** (:func:`large_space`), and the default spends on
 measurements rather than on the prior there: the estimate that seeds refine is measured on refine's low-fidelity
 windows only (one window instead of the whole pool), which at 60 halves costs a few dozen FPE instead of about a
-thousand, and refine's rounds correct it.
+thousand, and refine's rounds correct it. The rounds then search locally (:func:`space_options`): most of each
+batch is swap mutations of the one incumbent, ranked by the surrogate (EvoPress's move with a guide), because in a
+large space every improvement the rounds find lies one or two swaps from the incumbent, and the surrogate's global
+minima, far from it, do not pay for their measurements.
 
 Example:
     >>> swap_neighbours(30, 15)
     225
     >>> scaled_budget(60, 16)
     939.0
+    >>> large_space(60, 16), large_space(30, 15)
+    (True, False)
 """
 
 from __future__ import annotations
@@ -27,9 +32,13 @@ from __future__ import annotations
 import math
 
 from cbo.checks import check_int
+from cbo.search.options import RefineOptions
 
 FLOOR = 300.0
 FPE_PER_NEIGHBOUR = 4.0 / 3.0
+# refine's proposal mix in a large space: 85 % swap mutations of the incumbent alone, 10 % posterior draws, the rest
+# the posterior mean's lowest states (measured at sublayer 8 of 60 halves: docs/concepts/refine.md)
+LOCAL_SEARCH = {"local": 0.85, "thompson": 0.1, "local_parents": 1}
 
 
 def swap_neighbours(n: int, k: int) -> int:
@@ -50,4 +59,24 @@ def large_space(n: int, k: int) -> bool:
     return scaled_budget(n, k) > FLOOR
 
 
-__all__ = ["FLOOR", "FPE_PER_NEIGHBOUR", "large_space", "scaled_budget", "swap_neighbours"]
+def space_options(n: int, k: int, options: RefineOptions | None = None) -> RefineOptions:
+    """Refine's options for removing ``k`` of ``n`` candidates: ``options`` (default: the defaults) as they are in a
+    space at the floor, with :data:`LOCAL_SEARCH`'s proposal mix in a large one.
+
+    Example:
+        >>> space_options(60, 16).local, space_options(30, 8).local
+        (0.85, 0.5)
+    """
+    base = RefineOptions.build(options)
+    return RefineOptions.build(base, **LOCAL_SEARCH) if large_space(n, k) else base
+
+
+__all__ = [
+    "FLOOR",
+    "FPE_PER_NEIGHBOUR",
+    "LOCAL_SEARCH",
+    "large_space",
+    "scaled_budget",
+    "space_options",
+    "swap_neighbours",
+]

@@ -89,10 +89,12 @@ def test_the_default_budget_follows_the_space_and_the_report_counts_improving_ro
     assert scaled_budget(6, 2) == DEFAULT_REFINE and scaled_budget(60, 16) == 939  # 4/3 FPE per swap neighbour
 
 
-def test_a_large_space_gets_a_cheap_prior_and_a_larger_budget(tiny_model, novel_folder, tokenizer):
+def test_a_large_space_gets_a_cheap_prior_a_larger_budget_and_a_local_search(tiny_model, novel_folder, tokenizer):
     """16 of 32 sublayer halves (256 swap neighbours): the estimate runs on refine's one low-fidelity window and is
-    charged for that window only; the budget is 4/3 FPE per neighbour. An explicit budget keeps the full estimate."""
-    from cbo.search.budget import large_space, scaled_budget
+    charged for that window only; the budget is 4/3 FPE per neighbour; the rounds' proposals are mostly swaps of the
+    incumbent alone, and the caption says so. An explicit budget keeps the full estimate and the default mix."""
+    from cbo.search.budget import LOCAL_SEARCH, large_space, scaled_budget
+    from cbo.search.options import RefineOptions
 
     model = tiny_model("llama", n_layers=16, seed=1, vocab_size=260)
     kw = dict(remove=16, granularity="sublayer", select=None, **{**SMALL, "validate": 2})
@@ -102,8 +104,14 @@ def test_a_large_space_gets_a_cheap_prior_and_a_larger_budget(tiny_model, novel_
     assert work["estimate_windows"] == 1 and work["refine"]["budget"] == 342 and work["refine"]["fpe"] > 300
     expected = work["estimate_fpe"] * 1 + work["validation"]["fpe"] * 4 + work["refine"]["fpe"]
     assert work["total_fpe"] == pytest.approx(expected, abs=0.01)
+    local = {"local": LOCAL_SEARCH["local"], "thompson": LOCAL_SEARCH["thompson"], "parents": 1}
+    assert work["refine"]["proposals"] == local
+    assert "a local search: 85% of each round's proposals are swaps of the incumbent" in report.table().caption
     explicit = prune_depth(model, tokenizer, novel_folder, refine=300, **kw)
     assert explicit.work["estimate_windows"] == 4 and explicit.work["refine"]["budget"] == 300
+    plain = RefineOptions()
+    assert explicit.work["refine"]["proposals"] == {"local": plain.local, "thompson": plain.thompson, "parents": 3}
+    assert "a local search" not in explicit.table().caption
     assert explicit.work["estimate_fpe"] == pytest.approx(work["estimate_fpe"], rel=0.5)  # per window, alike
 
 
