@@ -48,6 +48,10 @@ class RefineOptions:
             blocks rerun few layers) do not turn a budget into thousands of rounds of solving and refitting.
         prior_windows: ``"low"`` (the default: the prior is measured on the low-fidelity windows, a fraction of the
             cost; the rounds correct it) or ``"high"`` (used by :func:`cbo.search.refine.refine` only).
+        rotate_low: screen each round on the next ``low_windows`` of the high-fidelity windows in turn instead of
+            the same low windows every round (EvoPress draws a fresh minibatch per stage): one window's quirks then
+            decide one round's promotions, not every round's. Sets screened on different windows enter the
+            surrogate with each window's offset removed.
     """
 
     low_windows: int = 1
@@ -63,6 +67,7 @@ class RefineOptions:
     max_rounds: int = 1000
     round_floor: float = 0.02
     prior_windows: str = "low"
+    rotate_low: bool = False
 
     @classmethod
     def build(cls, options: RefineOptions | None = None, **flat: Any) -> RefineOptions:
@@ -107,6 +112,8 @@ class RefineOptions:
             )
         check_float("round_floor", self.round_floor, 0.0, 1.0)
         check_choice("prior_windows (the fidelity the prior is measured at)", self.prior_windows, PRIOR_WINDOWS)
+        if not isinstance(self.rotate_low, bool):
+            raise InvalidOptionError(f"rotate_low must be True or False, got {self.rotate_low!r}")
         return low, high
 
     def round_cost(self, n_pool: int, per_pair: float = 1.0, *, first: bool = False) -> float:

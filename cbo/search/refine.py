@@ -260,7 +260,8 @@ class RefineLoop:
         best set, the patience and the widening; record and checkpoint the round (returned)."""
         n = self.prior.n
         predicted = self.surrogate.predict(_rows(proposals, n)).tolist() if self.fitted else None
-        low_loss = self.measurements(proposals, self.lo_ids).mean(axis=1)
+        screen = self.screen_ids()
+        low_loss = self.measurements(proposals, screen).mean(axis=1)
         ranked = [proposals[i] for i in np.argsort(low_loss, kind="stable")]
         promoted = ranked[:promote]
         high_loss = self.measurements(promoted, self.hi_ids).mean(axis=1) if promoted else np.zeros(0)
@@ -280,6 +281,7 @@ class RefineLoop:
             "proposals": [list(p) for p in proposals],
             "predicted": predicted,
             "low_loss": low_loss.tolist(),
+            "screen": screen,
             "promoted": [list(p) for p in promoted],
             "high_loss": high_loss.tolist(),
             "best": self.best,
@@ -327,23 +329,53 @@ class RefineLoop:
         score = self.surrogate.predict(X[ok], theta=self.surrogate.draw(self.rng))
         return [pool[ok[i]] for i in np.argsort(score, kind="stable")[:count]]
 
+    def screen_ids(self) -> list[int]:
+        """The low-fidelity windows of the next round: the fixed low windows, or (``rotate_low``) the next ones of
+        the high-fidelity windows in turn, so that no one window's quirks decide every promotion."""
+        if not self.options.rotate_low:
+            return list(self.lo_ids)
+        low, hi = len(self.lo_ids), self.hi_ids
+        start = len(self.rounds) * low
+        return sorted({hi[(start + i) % len(hi)] for i in range(low)})
+
     def data(self) -> tuple[list[SetKey], np.ndarray, np.ndarray, np.ndarray]:
-        """Every feasible set measured on all the low or all the high windows: ``(sets, mean loss, windows, low)``
-        (``low``: 1.0 where only the low windows are measured)."""
+        """Every feasible set measured on all the high windows, or on low windows only: ``(sets, mean loss, windows,
+        low)`` (``low``: 1.0 where only low windows are measured).
+
+        A set measured on some of the high windows but not all (``rotate_low``: screened on that round's windows)
+        counts at low fidelity, its loss corrected for each window's offset (the window's mean loss minus the mean
+        over the high windows, among the sets measured on all of them), so that sets screened on different windows
+        can be compared."""
         sets, ys, nws, lows = [], [], [], []
         lo, hi = self.lo_ids, self.hi_ids
+        rows = []
         for key in list(self.measurements.values):
             if len(key) != self.remove or not self.prior.feasible(_row(key, self.prior.n), self.remove):
                 continue
             known = set(self.measurements.known(key))
             ids = hi if set(hi) <= known else lo if set(lo) <= known else None
-            if ids is None:
-                continue
+            if ids is None and self.options.rotate_low:
+                ids = sorted(known & set(hi)) or None
+            if ids is not None:
+                rows.append((key, ids))
+        offset = self.window_offsets([key for key, ids in rows if ids is hi]) if self.options.rotate_low else {}
+        for key, ids in rows:
+            values = self.measurements([key], ids)[0]
+            if ids is not hi and offset:
+                values = values - np.array([offset.get(w, 0.0) for w in ids])
             sets.append(key)
-            ys.append(float(self.measurements([key], ids).mean()))
+            ys.append(float(values.mean()))
             nws.append(len(ids))
-            lows.append(ids is lo and lo != hi)
+            lows.append(ids is not hi and lo != hi)
         return sets, np.array(ys), np.array(nws), np.array(lows, dtype=float)
+
+    def window_offsets(self, high_sets: list[SetKey]) -> dict[int, float]:
+        """``{window: its mean loss minus the mean over the high windows}`` among ``high_sets`` (empty without any)."""
+        if not high_sets:
+            return {}
+        values = self.measurements(high_sets, self.hi_ids)
+        deviation = (values - values.mean(axis=1, keepdims=True)).mean(axis=0)
+        return {w: float(d) for w, d in zip(self.hi_ids, deviation)}
 
     def grid(self) -> list[int] | None:
         """Where the last round's fit sat on the hyperparameter grid (a refit climbs from there; from the
