@@ -346,9 +346,8 @@ class RefineLoop:
         counts at low fidelity, its loss corrected for each window's offset (the window's mean loss minus the mean
         over the high windows, among the sets measured on all of them), so that sets screened on different windows
         can be compared."""
-        sets, ys, nws, lows = [], [], [], []
         lo, hi = self.lo_ids, self.hi_ids
-        rows = []
+        rows = []  # (set, its windows, its losses on them)
         for key in list(self.measurements.values):
             if len(key) != self.remove or not self.prior.feasible(_row(key, self.prior.n), self.remove):
                 continue
@@ -357,10 +356,13 @@ class RefineLoop:
             if ids is None and self.options.rotate_low:
                 ids = sorted(known & set(hi)) or None
             if ids is not None:
-                rows.append((key, ids))
-        offset = self.window_offsets([key for key, ids in rows if ids is hi]) if self.options.rotate_low else {}
-        for key, ids in rows:
-            values = self.measurements([key], ids)[0]
+                rows.append((key, ids, self.measurements([key], ids)[0]))
+        offset = {}
+        if self.options.rotate_low:
+            high = [values for _, ids, values in rows if ids is hi]
+            offset = window_offsets(np.array(high), hi) if high else {}
+        sets, ys, nws, lows = [], [], [], []
+        for key, ids, values in rows:
             if ids is not hi and offset:
                 values = values - np.array([offset.get(w, 0.0) for w in ids])
             sets.append(key)
@@ -368,14 +370,6 @@ class RefineLoop:
             nws.append(len(ids))
             lows.append(ids is not hi and lo != hi)
         return sets, np.array(ys), np.array(nws), np.array(lows, dtype=float)
-
-    def window_offsets(self, high_sets: list[SetKey]) -> dict[int, float]:
-        """``{window: its mean loss minus the mean over the high windows}`` among ``high_sets`` (empty without any)."""
-        if not high_sets:
-            return {}
-        values = self.measurements(high_sets, self.hi_ids)
-        deviation = (values - values.mean(axis=1, keepdims=True)).mean(axis=0)
-        return {w: float(d) for w, d in zip(self.hi_ids, deviation)}
 
     def grid(self) -> list[int] | None:
         """Where the last round's fit sat on the hyperparameter grid (a refit climbs from there; from the
@@ -486,6 +480,12 @@ def neighbourhood(rounds: Sequence[dict[str, Any]], moves: SwapMoves) -> dict[st
     low = {tuple(p) for r in rounds for p in r.get("proposals", [])}
     high = {tuple(p) for r in rounds for p in r.get("promoted", [])}
     return {"size": len(around), "measured": len(around & (low | high)), "high": len(around & high)}
+
+
+def window_offsets(values: np.ndarray, windows: Sequence[int]) -> dict[int, float]:
+    """``{window: its mean loss minus the mean over all the windows}`` from ``values`` (sets × ``windows``)."""
+    deviation = (values - values.mean(axis=1, keepdims=True)).mean(axis=0)
+    return {int(w): float(d) for w, d in zip(windows, deviation)}
 
 
 def fidelity_windows(n_pool: int, low: int, high: int, rng: np.random.Generator) -> tuple[list[int], list[int]]:
