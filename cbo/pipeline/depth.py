@@ -398,7 +398,8 @@ def refine_qubo(
     from cbo.model.fingerprint import model_fingerprint
     from cbo.progress import Incumbent, progress_bar
     from cbo.search.moves import SwapMoves
-    from cbo.search.refine import improving_rounds, neighbourhood, refine
+    from cbo.search.refine import refine
+    from cbo.search.rounds import improving_rounds, neighbourhood
 
     t = time.perf_counter()
     budget = float(search.refine)

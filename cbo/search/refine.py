@@ -454,34 +454,6 @@ def refine_search(
     return loop.result(stopped, validate_fn, prior_cost)
 
 
-def improving_rounds(rounds: Sequence[dict[str, Any]]) -> list[int]:
-    """The rounds after the first whose best measured set beat every earlier round's (the incumbent improved), by
-    the rule of the progress bar's :class:`cbo.progress.Incumbent`."""
-    from cbo.progress import Incumbent
-
-    incumbent, out = Incumbent(), []
-    for record in rounds:
-        before = incumbent.improvements
-        incumbent.update(int(record["round"]), float(record["best"]))
-        if incumbent.improvements > before:
-            out.append(int(record["round"]))
-    return out
-
-
-def neighbourhood(rounds: Sequence[dict[str, Any]], moves: SwapMoves) -> dict[str, int]:
-    """How much of the final best set's one-swap neighbourhood the rounds measured: ``{"size": every neighbour,
-    "measured": those measured at all, "high": those measured on the high-fidelity windows}``. None of the ``high``
-    ones beat the best set (it is the lowest high-fidelity loss); the others lost at low fidelity in their round.
-    Empty when no round found a best set."""
-    best = rounds[-1].get("best_removed") if rounds else None
-    if not best:
-        return {}
-    around = set(moves.neighbours(best))
-    low = {tuple(p) for r in rounds for p in r.get("proposals", [])}
-    high = {tuple(p) for r in rounds for p in r.get("promoted", [])}
-    return {"size": len(around), "measured": len(around & (low | high)), "high": len(around & high)}
-
-
 def window_offsets(values: np.ndarray, windows: Sequence[int]) -> dict[int, float]:
     """``{window: its mean loss minus the mean over all the windows}`` from ``values`` (sets × ``windows``)."""
     deviation = (values - values.mean(axis=1, keepdims=True)).mean(axis=0)

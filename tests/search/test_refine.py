@@ -263,7 +263,7 @@ def test_the_prior_measured_on_the_low_windows_by_default_costs_less(tiny_model,
 
 
 def test_improving_rounds_are_the_later_rounds_that_beat_the_incumbent():
-    from cbo.search.refine import improving_rounds
+    from cbo.search.rounds import improving_rounds
 
     bests = [0.9, 0.9, 0.8, 0.8, 0.8, 0.75]
     assert improving_rounds([{"round": i + 1, "best": b} for i, b in enumerate(bests)]) == [3, 6]
@@ -292,7 +292,7 @@ def test_the_swap_neighbourhood_is_every_set_one_swap_away_within_a_kind():
 
 def test_neighbourhood_counts_the_best_sets_neighbours_measured_at_each_fidelity():
     from cbo.search.moves import SwapMoves
-    from cbo.search.refine import neighbourhood
+    from cbo.search.rounds import neighbourhood
 
     moves = SwapMoves(["layer"] * 5)
     rounds = [
