@@ -236,6 +236,8 @@ def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
         "local": space.local if args.refine_local is None else args.refine_local,
         "thompson": space.thompson if args.refine_thompson is None else args.refine_thompson,
         "local_parents": space.local_parents,
+        "stages": space.stages,
+        "promote": space.promote,
         "solver": "auto" if point.granularity == "layer" else "swap-tabu",
         **args.refine_options,
     }

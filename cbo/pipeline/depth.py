@@ -399,7 +399,7 @@ def refine_qubo(
     from cbo.progress import Incumbent, progress_bar
     from cbo.search.moves import SwapMoves
     from cbo.search.refine import refine
-    from cbo.search.rounds import improving_rounds, neighbourhood
+    from cbo.search.rounds import improving_rounds, neighbourhood, promotions
 
     t = time.perf_counter()
     budget = float(search.refine)
@@ -434,6 +434,8 @@ def refine_qubo(
         # the proposal mix: shares of a batch from the trust region (swaps of the best `parents` sets) and from
         # posterior draws (the rest: the posterior mean's lowest states)
         "proposals": {"local": used.local, "thompson": used.thompson, "parents": used.local_parents},
+        # promotions raced against the incumbent in `stages` steps (cbo.search.staged): how many stopped early
+        "promotion": {"stages": used.stages, **promotions(r.rounds)},
         "rounds": len(r.rounds),
         "stopped": r.stopped,
         "improving_rounds": improving_rounds(r.rounds),  # later rounds that beat the incumbent

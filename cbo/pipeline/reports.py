@@ -52,6 +52,10 @@ def refine_line(work: dict[str, Any] | None) -> str:
     mix = work.get("proposals") or {}
     if mix.get("parents") == 1:  # a large space's local search (cbo.search.budget.space_options)
         line += f"; a local search: {mix['local']:.0%} of each round's proposals are swaps of the incumbent"
+    race = work.get("promotion") or {}
+    if race.get("stages"):  # staged promotion (cbo.search.staged)
+        tried = race["finished"] + race["dropped"]
+        line += f"; {race['dropped']} of {tried} promoted sets stopped early, behind the incumbent on a stage's windows"
     around = work.get("neighbourhood") or {}
     if around:
         line += (

@@ -16,7 +16,9 @@ windows only (one window instead of the whole pool), which at 60 halves costs a 
 thousand, and refine's rounds correct it. The rounds then search locally (:func:`space_options`): most of each
 batch is swap mutations of the one incumbent, ranked by the surrogate (EvoPress's move with a guide), because in a
 large space every improvement the rounds find lies one or two swaps from the incumbent, and the surrogate's global
-minima, far from it, do not pay for their measurements.
+minima, far from it, do not pay for their measurements. Promotions there are staged (``cbo.search.staged``): a
+promoted set that is behind the incumbent on the first four high windows stops there, and the FPE saved pay for
+twice as many promotions per round.
 
 Example:
     >>> swap_neighbours(30, 15)
@@ -37,8 +39,9 @@ from cbo.search.options import RefineOptions
 FLOOR = 300.0
 FPE_PER_NEIGHBOUR = 4.0 / 3.0
 # refine's proposal mix in a large space: 85 % swap mutations of the incumbent alone, 10 % posterior draws, the rest
-# the posterior mean's lowest states (measured at sublayer 8 of 60 halves: docs/concepts/refine.md)
-LOCAL_SEARCH = {"local": 0.85, "thompson": 0.1, "local_parents": 1}
+# the posterior mean's lowest states; 8 of each batch promoted, raced against the incumbent in one intermediate stage
+# (cbo.search.staged) (measured at sublayer 8 of 60 halves: docs/concepts/refine.md)
+LOCAL_SEARCH = {"local": 0.85, "thompson": 0.1, "local_parents": 1, "promote": 8, "stages": 1}
 
 
 def swap_neighbours(n: int, k: int) -> int:

@@ -52,6 +52,9 @@ class RefineOptions:
             the same low windows every round (EvoPress draws a fresh minibatch per stage): one window's quirks then
             decide one round's promotions, not every round's. Sets screened on different windows enter the
             surrogate with each window's offset removed.
+        stages: intermediate stages of a promotion (``cbo.search.staged``): a promoted set climbs the high windows
+            in ``stages`` steps of geometric size and stops where its mean is above the incumbent's on the same
+            windows; 0 (the default): straight to every high window.
     """
 
     low_windows: int = 1
@@ -68,6 +71,7 @@ class RefineOptions:
     round_floor: float = 0.02
     prior_windows: str = "low"
     rotate_low: bool = False
+    stages: int = 0
 
     @classmethod
     def build(cls, options: RefineOptions | None = None, **flat: Any) -> RefineOptions:
@@ -102,6 +106,7 @@ class RefineOptions:
         low, high = self.windows(n_pool)
         for name in ("batch", "validate", "patience", "max_rounds", "local_parents", "screen"):
             check_int(name, getattr(self, name), lo=1)
+        check_int("stages", self.stages, lo=0, hint="(0: promote straight to every high window)")
         check_int("promote", self.promote, lo=0, hi=self.batch, hint=f"(at most batch={self.batch})")
         check_float("thompson", self.thompson, 0.0, 1.0)
         check_float("local", self.local, 0.0, 1.0)

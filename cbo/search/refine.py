@@ -46,6 +46,7 @@ from cbo.qubo.states import RankedStates
 from cbo.search.moves import SwapMoves
 from cbo.search.options import RefineOptions, check_budget
 from cbo.search.prior import measure_prior
+from cbo.search.staged import race, stage_windows
 
 SetKey = tuple[int, ...]
 WIDEST = 3  # widening levels: each enlarges the swaps, adds posterior draws and restarts farther away
@@ -263,8 +264,8 @@ class RefineLoop:
         screen = self.screen_ids()
         low_loss = self.measurements(proposals, screen).mean(axis=1)
         ranked = [proposals[i] for i in np.argsort(low_loss, kind="stable")]
-        promoted = ranked[:promote]
-        high_loss = self.measurements(promoted, self.hi_ids).mean(axis=1) if promoted else np.zeros(0)
+        steps = stage_windows(self.lo_ids, self.hi_ids, self.options.stages) if self.options.stages else [self.hi_ids]
+        promoted, high_loss, dropped = race(self.measurements, ranked[:promote], steps, self.best_set)
         new_set, new_best = self.best_high()
         improved = new_best < self.best - 1e-12
         self.best, self.best_set = new_best, new_set
@@ -284,6 +285,7 @@ class RefineLoop:
             "screen": screen,
             "promoted": [list(p) for p in promoted],
             "high_loss": high_loss.tolist(),
+            "dropped": dropped,  # promoted sets stopped at a stage, behind the incumbent there
             "best": self.best,
             "best_removed": list(self.best_set) if self.best_set else None,
             "since_improved": self.since,
@@ -342,23 +344,24 @@ class RefineLoop:
         """Every feasible set measured on all the high windows, or on low windows only: ``(sets, mean loss, windows,
         low)`` (``low``: 1.0 where only low windows are measured).
 
-        A set measured on some of the high windows but not all (``rotate_low``: screened on that round's windows)
-        counts at low fidelity, its loss corrected for each window's offset (the window's mean loss minus the mean
+        A set measured on some of the high windows but not all (``rotate_low``: screened on that round's windows;
+        ``stages``: stopped at a stage of its promotion) counts at low fidelity, its loss corrected for each window's offset (the window's mean loss minus the mean
         over the high windows, among the sets measured on all of them), so that sets screened on different windows
         can be compared."""
         lo, hi = self.lo_ids, self.hi_ids
+        partial = self.options.rotate_low or self.options.stages > 0
         rows = []  # (set, its windows, its losses on them)
         for key in list(self.measurements.values):
             if len(key) != self.remove or not self.prior.feasible(_row(key, self.prior.n), self.remove):
                 continue
             known = set(self.measurements.known(key))
             ids = hi if set(hi) <= known else lo if set(lo) <= known else None
-            if ids is None and self.options.rotate_low:
-                ids = sorted(known & set(hi)) or None
+            if ids is not hi and partial:
+                ids = sorted(known & set(hi)) or ids
             if ids is not None:
                 rows.append((key, ids, self.measurements([key], ids)[0]))
         offset = {}
-        if self.options.rotate_low:
+        if partial:
             high = [values for _, ids, values in rows if ids is hi]
             offset = window_offsets(np.array(high), hi) if high else {}
         sets, ys, nws, lows = [], [], [], []

@@ -34,3 +34,10 @@ def neighbourhood(rounds: Sequence[dict[str, Any]], moves: SwapMoves) -> dict[st
     low = {tuple(p) for r in rounds for p in r.get("proposals", [])}
     high = {tuple(p) for r in rounds for p in r.get("promoted", [])}
     return {"size": len(around), "measured": len(around & (low | high)), "high": len(around & high)}
+
+
+def promotions(rounds: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How the promotions ended: ``{"finished": sets measured on every high window, "dropped": sets stopped at a
+    stage behind the incumbent}`` (``cbo.search.staged``; rounds recorded without stages drop none)."""
+    finished = sum(len(r.get("promoted", [])) for r in rounds)
+    return {"finished": finished, "dropped": sum(len(r.get("dropped", [])) for r in rounds)}

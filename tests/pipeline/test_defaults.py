@@ -106,12 +106,18 @@ def test_a_large_space_gets_a_cheap_prior_a_larger_budget_and_a_local_search(tin
     assert work["total_fpe"] == pytest.approx(expected, abs=0.01)
     local = {"local": LOCAL_SEARCH["local"], "thompson": LOCAL_SEARCH["thompson"], "parents": 1}
     assert work["refine"]["proposals"] == local
-    assert "a local search: 85% of each round's proposals are swaps of the incumbent" in report.table().caption
+    caption = report.table().caption
+    assert "a local search: 85% of each round's proposals are swaps of the incumbent" in caption
+    race = work["refine"]["promotion"]  # staged promotions: some stop behind the incumbent
+    assert race["stages"] == 1 and race["finished"] >= 1
+    tried = race["finished"] + race["dropped"]
+    assert f"{race['dropped']} of {tried} promoted sets stopped early" in caption
     explicit = prune_depth(model, tokenizer, novel_folder, refine=300, **kw)
     assert explicit.work["estimate_windows"] == 4 and explicit.work["refine"]["budget"] == 300
     plain = RefineOptions()
     assert explicit.work["refine"]["proposals"] == {"local": plain.local, "thompson": plain.thompson, "parents": 3}
-    assert "a local search" not in explicit.table().caption
+    assert "a local search" not in explicit.table().caption and "stopped early" not in explicit.table().caption
+    assert explicit.work["refine"]["promotion"]["stages"] == 0 == explicit.work["refine"]["promotion"]["dropped"]
     assert explicit.work["estimate_fpe"] == pytest.approx(work["estimate_fpe"], rel=0.5)  # per window, alike
 
 

@@ -29,8 +29,9 @@ def test_a_large_space_gets_the_local_mix_and_keeps_every_other_option():
     given = RefineOptions(batch=12, promote=3, local=0.4)
     small, large = space_options(30, 15, given), space_options(60, 16, given)
     assert small == given  # at the floor: as given
-    assert (large.local, large.thompson, large.local_parents) == (0.85, 0.1, 1) == tuple(LOCAL_SEARCH.values())
-    assert (large.batch, large.promote) == (12, 3)
+    assert (large.local, large.thompson, large.local_parents) == (0.85, 0.1, 1)
+    assert (large.promote, large.stages) == (8, 1) and {k: getattr(large, k) for k in LOCAL_SEARCH} == LOCAL_SEARCH
+    assert large.batch == 12
     large.check(32)  # a valid mix: local + thompson <= 1
 
 
@@ -40,7 +41,7 @@ def test_the_local_search_proposes_around_the_incumbent_and_finds_the_best():
     n, remove = 14, 6
     _, _, fn = planted_quadratic(n, seed=5, coupling=0.5)
     prior = BlockQUBO(np.diag(2 * np.array([fn((i,)) for i in range(n)])))
-    opts = RefineOptions(low_windows=2, high_windows=4, batch=8, promote=2, patience=50, **LOCAL_SEARCH)
+    opts = RefineOptions.build(RefineOptions(low_windows=2, high_windows=4, batch=8, patience=50), **LOCAL_SEARCH)
 
     loop = RefineLoop(Measurements(SyntheticExecutor(fn, n_windows=4)), prior, remove, budget=600, options=opts,
                       solver="enumerate")  # fmt: skip
