@@ -59,8 +59,17 @@ def test_a_staged_loop_spends_less_per_promotion_and_still_finds_the_best():
     n, remove = 14, 6
     _, _, fn = planted_quadratic(n, seed=5, coupling=0.5)
     prior = BlockQUBO(np.diag(2 * np.array([fn((i,)) for i in range(n)])))
-    opts = RefineOptions(low_windows=1, high_windows=8, batch=8, promote=4, patience=50, local_parents=1, local=0.85,
-                         thompson=0.1, round_floor=0.0)  # fmt: skip (no floor: a huge budget keeps rounds of 8)
+    opts = RefineOptions(
+        low_windows=1,
+        high_windows=8,
+        batch=8,
+        promote=4,
+        patience=50,
+        local_parents=1,
+        local=0.85,
+        thompson=0.1,
+        round_floor=0.0,
+    )  # fmt: skip (no floor: a huge budget keeps rounds of 8)
     pairs = {}
     for stages in (0, 1):
         loop = RefineLoop(Measurements(SyntheticExecutor(fn, n_windows=8)), prior, remove, budget=10**6,
