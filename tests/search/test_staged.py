@@ -69,7 +69,7 @@ def test_a_staged_loop_spends_less_per_promotion_and_still_finds_the_best():
         local=0.85,
         thompson=0.1,
         round_floor=0.0,
-    )  # fmt: skip (no floor: a huge budget keeps rounds of 8)
+    )  # no round floor: under the huge budget below, rounds stay at 8 proposals
     pairs = {}
     for stages in (0, 1):
         loop = RefineLoop(Measurements(SyntheticExecutor(fn, n_windows=8)), prior, remove, budget=10**6,
