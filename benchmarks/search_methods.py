@@ -223,7 +223,7 @@ def caps_of(point: Point) -> dict[str, int]:
 
 
 def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
-    from cbo.search.budget import space_options
+    from cbo.search.budget import LOCAL_SEARCH, space_options
     from cbo.search.refine import refine
 
     budget, how = refine_budget(point, args)
@@ -233,11 +233,9 @@ def run_refine(point: Point, args: argparse.Namespace) -> dict[str, Any]:
         "high_windows": hi,
         "low_windows": 1,
         "validate": args.validate,
+        **{name: getattr(space, name) for name in LOCAL_SEARCH},  # every option the space sets
         "local": space.local if args.refine_local is None else args.refine_local,
         "thompson": space.thompson if args.refine_thompson is None else args.refine_thompson,
-        "local_parents": space.local_parents,
-        "stages": space.stages,
-        "promote": space.promote,
         "solver": "auto" if point.granularity == "layer" else "swap-tabu",
         **args.refine_options,
     }

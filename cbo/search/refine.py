@@ -129,6 +129,7 @@ class RefineLoop:
         self.solver, self.solver_options, self.progress = solver, dict(solver_options or {}), progress
         self.rng = np.random.default_rng(seed)
         self.lo_ids, self.hi_ids = fidelity_windows(int(measure.n_windows), low, high, self.rng)
+        self.steps = stage_windows(self.lo_ids, self.hi_ids, o.stages) if o.stages else [self.hi_ids]  # promotion
         settings = {
             "method": "refine",
             "remove": remove,
@@ -264,8 +265,7 @@ class RefineLoop:
         screen = self.screen_ids()
         low_loss = self.measurements(proposals, screen).mean(axis=1)
         ranked = [proposals[i] for i in np.argsort(low_loss, kind="stable")]
-        steps = stage_windows(self.lo_ids, self.hi_ids, self.options.stages) if self.options.stages else [self.hi_ids]
-        promoted, high_loss, dropped = race(self.measurements, ranked[:promote], steps, self.best_set)
+        promoted, high_loss, dropped = race(self.measurements, ranked[:promote], self.steps, self.best_set)
         new_set, new_best = self.best_high()
         improved = new_best < self.best - 1e-12
         self.best, self.best_set = new_best, new_set
@@ -345,19 +345,19 @@ class RefineLoop:
         low)`` (``low``: 1.0 where only low windows are measured).
 
         A set measured on some of the high windows but not all (``rotate_low``: screened on that round's windows;
-        ``stages``: stopped at a stage of its promotion) counts at low fidelity, its loss corrected for each window's offset (the window's mean loss minus the mean
-        over the high windows, among the sets measured on all of them), so that sets screened on different windows
-        can be compared."""
-        lo, hi = self.lo_ids, self.hi_ids
+        ``stages``: stopped at a stage of its promotion) counts at low fidelity, its loss corrected for each window's
+        offset (the window's mean loss minus the mean over the high windows, among the sets measured on all of them),
+        so that sets screened on different windows can be compared."""
+        lo, hi, hi_set = self.lo_ids, self.hi_ids, set(self.hi_ids)
         partial = self.options.rotate_low or self.options.stages > 0
         rows = []  # (set, its windows, its losses on them)
         for key in list(self.measurements.values):
             if len(key) != self.remove or not self.prior.feasible(_row(key, self.prior.n), self.remove):
                 continue
             known = set(self.measurements.known(key))
-            ids = hi if set(hi) <= known else lo if set(lo) <= known else None
+            ids = hi if hi_set <= known else lo if set(lo) <= known else None
             if ids is not hi and partial:
-                ids = sorted(known & set(hi)) or ids
+                ids = sorted(known & hi_set) or ids
             if ids is not None:
                 rows.append((key, ids, self.measurements([key], ids)[0]))
         offset = {}

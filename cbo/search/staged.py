@@ -58,9 +58,11 @@ def race(
         if k == len(steps) - 1:
             return alive, losses, dropped
         bar = float(measure([incumbent], windows).mean())
-        keep = [i for i, y in enumerate(losses) if y <= bar]
-        for i in sorted(set(range(len(alive))) - set(keep)):
-            entry = {"removed": list(alive[i]), "windows": len(windows), "loss": float(losses[i])}
-            dropped.append({**entry, "incumbent": bar})
-        alive = [alive[i] for i in keep]
+        ahead = []
+        for key, y in zip(alive, losses):
+            if y <= bar:
+                ahead.append(key)
+            else:
+                dropped.append({"removed": list(key), "windows": len(windows), "loss": float(y), "incumbent": bar})
+        alive = ahead
     return [], np.zeros(0), dropped
