@@ -25,7 +25,11 @@ POINTS = {
     "m8-s0": "m8-s0-select96.json",
     "m12-s0": "m12-s0-select96.json",
     "m15-s0": "m15-s0-select96.json",
-    "sub8-s0": "sub8-s0-select96.json",
+    "sub8-s0": "sub8-s0-stage.json",
+    "sub8-s0-select96": "sub8-s0-select96.json",  # the default before staged promotion
+    "sub8-s1": "sub8-s1-stage.json",
+    "sub8-s2": "sub8-s2-stage.json",
+    "sub12-s0": "sub12-s0-stage.json",
 }
 METHODS = ("refined", "evopress", "sleb", "block_influence", "one-at-a-time", "blockpruner", "unpruned")
 LABEL = {"refined": "default (refine + race)", "unpruned": "unpruned"}
@@ -166,6 +170,26 @@ def lead_growth(points: dict[str, tuple[int, dict[str, dict]]], units: list[str]
     return out
 
 
+def pooled_seeds(groups: dict[str, dict[str, dict[str, dict]]], units: list[str]) -> dict[str, dict[str, list]]:
+    """Default - method pooled over the seeds of one point: ``groups`` is ``{point: {seed name: {method: scores}}}``;
+    for each point with two or more seeds and each method scored at all of them, the mean over seeds of default -
+    method with a paired bootstrap interval over the items (every seed's sets scored on the same items)."""
+    from cbo.downstream.scores import paired_contrast
+
+    out: dict[str, dict[str, list]] = {}
+    for point, seeds in groups.items():
+        seeds = {n: s for n, s in seeds.items() if "refined" in s}
+        if len(seeds) < 2:
+            continue
+        methods = set.intersection(*(set(s) for s in seeds.values())) - {"refined"}
+        for method in sorted(methods):
+            terms = []
+            for scored in seeds.values():
+                terms += [(1.0 / len(seeds), _items(scored["refined"])), (-1.0 / len(seeds), _items(scored[method]))]
+            out.setdefault(point, {})[method] = [len(seeds), *paired_contrast(terms, units)]
+    return out
+
+
 def run(job: C.Run) -> dict:
     args = job.args
     from cbo.downstream.harness import parse_tasks, run_units
@@ -175,7 +199,7 @@ def run(job: C.Run) -> dict:
     methods = C.split_list(args.methods)
     units = run_units(parse_tasks(args.tasks))
     settings = {"limit": args.limit, "seed": args.seed, "tasks": args.tasks, "units": ",".join(units)}
-    points, layers = {}, {}
+    points, layers, groups = {}, {}, {}
     for name in C.split_list(args.points):
         row = point_row(RESULTS / "final_choice" / POINTS[name])
         granularity = row["granularity"]
@@ -193,8 +217,10 @@ def run(job: C.Run) -> dict:
         points[name] = {"sets": sets, "table": compare(scored, units)}
         if granularity == "layer":
             layers[name] = (int(row["remove"]), scored)
+        groups.setdefault(f"{granularity} M = {row['remove']}", {})[name] = scored
         job.save(job.header(points=points, **settings))  # what an interrupted run keeps
-    return job.header(points=points, growth=lead_growth(layers, units), **settings)
+    growth, pooled = lead_growth(layers, units), pooled_seeds(groups, units)
+    return job.header(points=points, growth=growth, pooled=pooled, **settings)
 
 
 def markdown(result: dict) -> str:
@@ -226,6 +252,14 @@ def markdown(result: dict) -> str:
     if trend:
         lines += ["## The default's lead over block influence (average, default − block influence)", ""]
         lines += [C.md_table(["point", "difference (95 % CI, paired over items)"], trend), ""]
+    pooled = [
+        [point, LABEL.get(method, method), n, f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]"]
+        for point, methods in (result.get("pooled") or {}).items()
+        for method, (n, d, lo, hi) in methods.items()
+    ]
+    if pooled:
+        lines += ["## Pooled over seeds (each seed's sets on the same items)", ""]
+        lines += [C.md_table(["point", "method", "seeds", "default − method (avg, 95 % CI)"], pooled), ""]
     growth = [[pair, f"{d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}]"] for pair, d in (result.get("growth") or {}).items()]
     if growth:
         lines += ["Does the lead grow with the count removed? One point's lead minus the smallest point's:", ""]

@@ -82,6 +82,29 @@ def test_the_leads_growth_is_a_difference_of_paired_differences_over_the_same_it
     assert f"| m15-s0 − m8-s0 | {value:+.4f} [{low:+.4f}, {high:+.4f}] |" in text
 
 
+def test_pooled_over_seeds_is_the_mean_of_the_seeds_paired_differences():
+    """default - method pooled over a point's seeds equals the mean over seeds of the per-item differences (task
+    means averaged), computed by hand; a point with one seed, or a method missing at a seed, is not pooled."""
+    G = bench_module("suite_grid")
+    rng = np.random.default_rng(2)
+    units = ["arc_easy", "piqa"]
+    seeds = {f"sub8-s{s}": {"refined": _scores(rng, 0.4), "evopress": _scores(rng, 0.6)} for s in range(3)}
+    seeds["sub8-s2"]["sleb"] = _scores(rng, 0.5)
+    pooled = G.pooled_seeds({"sublayer M = 8": seeds, "layer M = 8": {"m8-s0": seeds["sub8-s0"]}}, units)
+    assert list(pooled) == ["sublayer M = 8"] and list(pooled["sublayer M = 8"]) == ["evopress"]
+
+    def diff(point, t):
+        return np.mean([point["refined"]["items"][t][i]["acc"] - point["evopress"]["items"][t][i]["acc"]
+                        for i in point["refined"]["items"][t]])  # fmt: skip
+
+    direct = np.mean([np.mean([diff(point, t) for t in units]) for point in seeds.values()])
+    n, value, low, high = pooled["sublayer M = 8"]["evopress"]
+    assert n == 3 and value == pytest.approx(direct) and low < value < high
+    result = {"command": "x", "limit": None, "seed": 0, "tasks": "arc_easy,piqa", "units": ",".join(units)}
+    result["points"], result["pooled"] = {}, pooled
+    assert f"| sublayer M = 8 | evopress | 3 | {value:+.4f} [{low:+.4f}, {high:+.4f}] |" in G.markdown(result)
+
+
 def test_reference_table_states_the_subset_and_labels_the_projection():
     R = bench_module("suite_reference")
     row = {
