@@ -170,23 +170,23 @@ def lead_growth(points: dict[str, tuple[int, dict[str, dict]]], units: list[str]
     return out
 
 
-def pooled_seeds(groups: dict[str, dict[str, dict[str, dict]]], units: list[str]) -> dict[str, dict[str, list]]:
-    """Default - method pooled over the seeds of one point: ``groups`` is ``{point: {seed name: {method: scores}}}``;
-    for each point with two or more seeds and each method scored at all of them, the mean over seeds of default -
-    method with a paired bootstrap interval over the items (every seed's sets scored on the same items)."""
+def pooled_seeds(groups: dict[str, list[tuple[int, dict[str, dict]]]], units: list[str]) -> dict[str, dict[str, list]]:
+    """Default - method pooled over the seeds of one point: ``groups`` is ``{point: [(seed, {method: scores}), ...]}``;
+    for each point with two or more seeds (each seed once: two files of one seed, e.g. ``sub8-s0`` and
+    ``sub8-s0-select96``, are not a pool of seeds) and each method scored at all of them, the mean over seeds of
+    default - method with a paired bootstrap interval over the items (every seed's sets scored on the same items)."""
     from cbo.downstream.scores import paired_contrast
 
     out: dict[str, dict[str, list]] = {}
-    for point, seeds in groups.items():
-        seeds = {n: s for n, s in seeds.items() if "refined" in s}
-        if len(seeds) < 2:
+    for point, entries in groups.items():
+        entries = [(seed, scored) for seed, scored in entries if "refined" in scored]
+        if len(entries) < 2 or len({seed for seed, _ in entries}) < len(entries):
             continue
-        methods = set.intersection(*(set(s) for s in seeds.values())) - {"refined"}
-        for method in sorted(methods):
-            terms = []
-            for scored in seeds.values():
-                terms += [(1.0 / len(seeds), _items(scored["refined"])), (-1.0 / len(seeds), _items(scored[method]))]
-            out.setdefault(point, {})[method] = [len(seeds), *paired_contrast(terms, units)]
+        items = [{m: _items(s) for m, s in scored.items()} for _, scored in entries]  # converted once per set
+        w = 1.0 / len(items)
+        for method in sorted(set.intersection(*(set(i) for i in items)) - {"refined"}):
+            terms = [term for i in items for term in ((w, i["refined"]), (-w, i[method]))]
+            out.setdefault(point, {})[method] = [len(items), *paired_contrast(terms, units)]
     return out
 
 
@@ -217,7 +217,7 @@ def run(job: C.Run) -> dict:
         points[name] = {"sets": sets, "table": compare(scored, units)}
         if granularity == "layer":
             layers[name] = (int(row["remove"]), scored)
-        groups.setdefault(f"{granularity} M = {row['remove']}", {})[name] = scored
+        groups.setdefault(f"{granularity} M = {row['remove']}", []).append((int(row["seed"]), scored))
         job.save(job.header(points=points, **settings))  # what an interrupted run keeps
     growth, pooled = lead_growth(layers, units), pooled_seeds(groups, units)
     return job.header(points=points, growth=growth, pooled=pooled, **settings)

@@ -84,13 +84,19 @@ def test_the_leads_growth_is_a_difference_of_paired_differences_over_the_same_it
 
 def test_pooled_over_seeds_is_the_mean_of_the_seeds_paired_differences():
     """default - method pooled over a point's seeds equals the mean over seeds of the per-item differences (task
-    means averaged), computed by hand; a point with one seed, or a method missing at a seed, is not pooled."""
+    means averaged), computed by hand; a point with one seed, one seed twice, or a method missing at a seed, is not
+    pooled."""
     G = bench_module("suite_grid")
     rng = np.random.default_rng(2)
     units = ["arc_easy", "piqa"]
     seeds = {f"sub8-s{s}": {"refined": _scores(rng, 0.4), "evopress": _scores(rng, 0.6)} for s in range(3)}
     seeds["sub8-s2"]["sleb"] = _scores(rng, 0.5)
-    pooled = G.pooled_seeds({"sublayer M = 8": seeds, "layer M = 8": {"m8-s0": seeds["sub8-s0"]}}, units)
+    groups = {
+        "sublayer M = 8": list(enumerate(seeds.values())),
+        "layer M = 8": [(0, seeds["sub8-s0"])],
+        "layer M = 12": [(0, seeds["sub8-s0"]), (0, seeds["sub8-s1"])],  # one seed twice: no pool
+    }
+    pooled = G.pooled_seeds(groups, units)
     assert list(pooled) == ["sublayer M = 8"] and list(pooled["sublayer M = 8"]) == ["evopress"]
 
     def diff(point, t):
