@@ -19,7 +19,7 @@ from typing import Any
 from benchmarks import harness as C
 
 RESULTS = Path(__file__).parent / "results"
-TASKS = "arc_easy_validation,arc_challenge_validation"
+TASKS = "arc_easy_validation,arc_challenge_validation,mmlu_selection"
 
 
 def parse(argv: list[str] | None) -> Any:
@@ -35,10 +35,11 @@ def scores_of(cache: Path, blocks: list[int], tasks: list[str]) -> dict:
     """One layer set's cached results and per-item scores of ``tasks`` (all of them, or a clear error naming the
     command)."""
     from benchmarks.suite_grid import _key, read_scores
+    from cbo.downstream.standard_tasks import expand
 
     path = Path(cache) / f"{_key('layer', blocks, None, 0)}.json"
     done = read_scores(path)
-    missing = [t for t in tasks if t not in done["items"]]
+    missing = [t for t in tasks if t not in done["results"] or any(s not in done["items"] for s in expand(t))]
     if missing:
         raise SystemExit(
             f"no scores of {missing} for the set {blocks} in {path}; score it first: python -m benchmarks.suite_grid "
