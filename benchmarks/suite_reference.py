@@ -72,12 +72,15 @@ def save_items(args: Any, results: dict, items: dict) -> None:
 
 
 def run(job: C.Run) -> dict:
-    from cbo.downstream.harness import evaluate_tasks, parse_tasks, run_units
+    from cbo.downstream.harness import evaluate_tasks, parse_tasks, run_units, uses_standard_tasks
+    from cbo.downstream.standard_tasks import ensure_standard_tasks
     from cbo.downstream.subsets import subset_plan
     from cbo.model.loading import load_model
 
     args = job.args
     units = run_units(parse_tasks(args.tasks))
+    if uses_standard_tasks(units):
+        ensure_standard_tasks()  # a stale task folder would leave the plan without the tasks' sizes
     plan = subset_plan(units, None, args.seed)  # every task's full size, for the projection
     models = {}
     for name in C.split_list(args.models):
@@ -94,7 +97,7 @@ def run(job: C.Run) -> dict:
             wall = time.perf_counter() - start
             if args.scores and name == "smollm2-135m":
                 save_items(args, results, items)
-            n = sum(r.get("n", 0) for r in results.values())
+            n = int(sum(r.get("n", 0) for r in results.values()))
             full = sum(plan.totals.get(t, 0) for t in plan.members.get(unit, (unit,)))
             rows["tasks"][unit] = {
                 "results": results, "wall_s": round(wall, 1), "items": n, "items_full": full,

