@@ -72,15 +72,12 @@ def save_items(args: Any, results: dict, items: dict) -> None:
 
 
 def run(job: C.Run) -> dict:
-    from cbo.downstream.harness import evaluate_tasks, parse_tasks, run_units, uses_standard_tasks
-    from cbo.downstream.standard_tasks import ensure_standard_tasks
+    from cbo.downstream.harness import evaluate_tasks, parse_tasks, run_units
     from cbo.downstream.subsets import subset_plan
     from cbo.model.loading import load_model
 
     args = job.args
     units = run_units(parse_tasks(args.tasks))
-    if uses_standard_tasks(units):
-        ensure_standard_tasks()  # a stale task folder would leave the plan without the tasks' sizes
     plan = subset_plan(units, None, args.seed)  # every task's full size, for the projection
     models = {}
     for name in C.split_list(args.models):

@@ -20,13 +20,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cbo.downstream.local_tasks import LOCAL_TAG, LOCAL_TASKS, local_task_items
-from cbo.downstream.standard_tasks import expand, installed_standard_tasks, standard_names
+from cbo.downstream.standard_tasks import ensure_standard_tasks, expand, installed_standard_tasks, standard_names
 
 
 def known_counts(names: Sequence[str]) -> dict[str, dict[str, int] | None]:
-    """``{name: {task: items}}`` for each name whose tasks' counts CBO knows, ``None`` for the others."""
+    """``{name: {task: items}}`` for each name whose tasks' counts CBO knows, ``None`` for the others. The suite's
+    task folder is written first when it is missing or stale (its manifest holds the counts), so a standard task
+    never passes for one of unknown size."""
     standard = set(standard_names())
-    manifest = installed_standard_tasks() if any(n in standard for n in names) else None
+    manifest = None
+    if any(n in standard for n in names):
+        ensure_standard_tasks()
+        manifest = installed_standard_tasks()
     local = local_task_items() if any(n in LOCAL_TASKS or n == LOCAL_TAG for n in names) else None
     out: dict[str, dict[str, int] | None] = {}
     for name in names:

@@ -184,8 +184,9 @@ def test_cached_only_tabulates_complete_sets_and_scores_nothing(tmp_path):
 
 
 def test_reference_states_each_tasks_full_size_when_the_task_folder_is_stale(tmp_path, monkeypatch):
-    """The projection needs each task's size: a task folder not yet written (or stale) is written first, so the
-    table never says "of 0" (the full HellaSwag run once did, its folder rewritten only inside the evaluation)."""
+    """The projection needs each task's size: a task folder not yet written (or stale) is written when the plan is
+    made (``cbo.downstream.subsets.known_counts``), so the table never says "of 0" (the full HellaSwag run once
+    did, its folder rewritten only inside the evaluation)."""
     import json
 
     from cbo.downstream import suite_data
