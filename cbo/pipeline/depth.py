@@ -24,7 +24,7 @@ import numpy as np
 
 from cbo.checks import check_int
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
-from cbo.pipeline.final_selection import check_select, no_fresh_windows, select_final, selection_work
+from cbo.pipeline.final_selection import check_select, no_fresh_windows, race_sets, select_final, selection_work
 from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
 from cbo.pipeline.options import AUTO, Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
@@ -108,7 +108,9 @@ def prune_depth(
     ``top_k`` lowest-energy states with exactly ``remove`` blocks removed → refinement rounds measured on the
     calibration windows (``refine``) → the best ``validate`` candidates measured on the validation split (KL to the
     original and perplexity) → a race of the validated states on fresh validation-document windows (``select``;
-    without it the best by validation KL is chosen, the ground state when ``validate=0``) → a pruned copy.
+    without it the best by validation KL is chosen, the ground state when ``validate=0``) → a pruned copy. In a
+    large space (``cbo.search.budget.large_space``, with ``refine="auto"``) the race comes first: its finalists are
+    refine's best sets by calibration KL, and the validation split measures the chosen set alone.
 
     Args:
         model: ``"smollm2-135m"``, a local Hugging Face folder or hub id, or a loaded model.
@@ -275,6 +277,19 @@ def prune_depth(
         candidates = [(None, sorted(int(i) for i in chosen), None)]
         validate = max(validate, 1)
 
+    selection = None
+    if method == "cbo" and cheap_prior and select is not None:  # a large space: refine's best race first
+        t = time.perf_counter()
+        finalists = candidates[: min(validate, select_options.finalists)]
+        selection = race_sets(
+            model, tokenizer, data.text, splits, blocks, [c[1] for c in finalists], [c[0] for c in finalists], select,
+            select_options, seed=run.seed, batch_size=run.batch_size, cache_dir=measure_cache, progress=run.progress,
+        )  # fmt: skip
+        work["selection"], timings["selection"] = selection_work(selection), time.perf_counter() - t
+        work["selection"]["finalists_from"] = "refine"  # by calibration KL; the validation measures the chosen set
+        states.info["selection"] = selection.to_json()
+        candidates, validate = [c for c in candidates if tuple(sorted(c[1])) == selection.chosen], 1
+
     t = time.perf_counter()
     validated, original_metrics, measured = [], {}, {}
     if splits.validation.shape[0]:
@@ -285,8 +300,7 @@ def prune_depth(
         validated, original_metrics, measured = validation.states, validation.original, validation.metrics
         work["validation"] = validation.work.to_json()
     timings["validate"] = time.perf_counter() - t
-    selection = None
-    if select is not None and validated:
+    if select is not None and validated and selection is None:
         t = time.perf_counter()
         selection = select_final(
             model, tokenizer, data.text, splits, blocks, validated, select, select_options, seed=run.seed,

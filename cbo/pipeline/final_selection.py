@@ -1,7 +1,10 @@
 """``prune_depth(select=N)``: the validated candidates raced on up to N fresh windows before the choice.
 
 The validated states (the default's, or refine's measured sets) enter the race of :mod:`cbo.search.selection`
-as finalists, the best ``options.finalists`` of them by the criterion on the validation windows. Fresh windows
+as finalists, the best ``options.finalists`` of them by the criterion on the validation windows. In a large space
+(:func:`cbo.search.budget.large_space`, with the default refine) the finalists are refine's best sets by
+calibration KL instead, raced before any validation (:func:`race_sets`): the validation windows then measure the
+chosen set alone, for the report. Fresh windows
 are the unused windows of the validation documents (:func:`cbo.data.pool.fresh_windows`); the race's cost is
 charged to the method (``report.work["selection"]``), and every finalist's interval is reported in
 ``report.selection``, ``report.states.info["selection"]`` and the CLI's selection table.
@@ -88,6 +91,31 @@ def select_final(
     Raises:
         DataError: no tokenizer, or splits whose text is unknown (precomputed windows): no fresh windows can be cut.
     """
+    finalists = finalists_of(validated, options)
+    return race_sets(
+        model, tokenizer, text, splits, blocks, [v.removed for v in finalists], [v.rank for v in finalists], budget,
+        options, seed=seed, batch_size=batch_size, cache_dir=cache_dir, progress=progress,
+    )  # fmt: skip
+
+
+def race_sets(
+    model: Any,
+    tokenizer: Any,
+    text: Any,
+    splits: Any,
+    blocks: Sequence[Any],
+    sets: Sequence[Sequence[int]],
+    ranks: Sequence[int | None],
+    budget: int,
+    options: SelectionOptions,
+    *,
+    seed: int = 0,
+    batch_size: int = 8,
+    cache_dir: Path | None = None,
+    progress: bool = False,
+) -> Selection:
+    """Race removal ``sets`` (the first is the incumbent) on fresh windows, as :func:`select_final` does with the
+    validated states; ``prune_depth`` calls it directly with refine's best sets in a large space."""
     from cbo.data.pool import fresh_windows
     from cbo.measure.cache import MeasureCache
     from cbo.search.selection import PoolSource, race
@@ -98,7 +126,6 @@ def select_final(
             f"select draws fresh windows from the validation text and cannot here ({why}): give tokenizer= and "
             "text=, not precomputed windows, or drop select."
         )
-    finalists = finalists_of(validated, options)
     pool = fresh_windows(
         tokenizer, text, dict(getattr(splits, "info", {}) or {}), splits=options.text.split("+"),
         used=[splits.calibration, splits.validation, splits.test], seed=seed,
@@ -107,7 +134,7 @@ def select_final(
     source = PoolSource(
         model, blocks, pool, criterion=options.criterion, batch_size=batch_size, cache=cache, progress=progress
     )
-    return race([v.removed for v in finalists], source, budget, options, ranks=[v.rank for v in finalists])
+    return race(sets, source, budget, options, ranks=list(ranks))
 
 
 def selection_work(selection: Selection) -> dict[str, Any]:
@@ -164,4 +191,12 @@ def selection_table(selection: dict[str, Any]) -> Any:
     return table
 
 
-__all__ = ["check_select", "finalists_of", "no_fresh_windows", "select_final", "selection_table", "selection_work"]
+__all__ = [
+    "check_select",
+    "finalists_of",
+    "no_fresh_windows",
+    "race_sets",
+    "select_final",
+    "selection_table",
+    "selection_work",
+]

@@ -121,6 +121,28 @@ def test_a_large_space_gets_a_cheap_prior_a_larger_budget_and_a_local_search(tin
     assert explicit.work["estimate_fpe"] == pytest.approx(work["estimate_fpe"], rel=0.5)  # per window, alike
 
 
+def test_in_a_large_space_refines_best_sets_race_first_and_only_the_chosen_one_is_validated(
+    tiny_model, novel_folder, tokenizer, tmp_path
+):
+    """16 of 32 sublayer halves with the default race: its finalists are refine's best measured sets in order of
+    calibration KL (no validation before it), and the validation windows measure the chosen set alone; the report
+    charges the race and that one validation."""
+    from cbo.search.selection import SelectionOptions
+
+    model = tiny_model("llama", n_layers=16, seed=1, vocab_size=260)
+    kw = dict(remove=16, granularity="sublayer", **{**SMALL, "validate": 4})
+    report = prune_depth(model, tokenizer, novel_folder, cache_dir=tmp_path / "a", **kw)
+    work, selection = report.work, report.selection
+    assert work["selection"]["finalists_from"] == "refine" and selection["chosen"] == report.chosen_blocks
+    best = [sorted(report.states.removed(k)) for k in range(4)]  # refine's measured sets, lowest calibration KL first
+    raced = sorted((f["rank"], f["removed"]) for f in selection["finalists"])
+    assert raced == [(k, best[k]) for k in range(min(4, SelectionOptions().finalists))]
+    assert [v.removed for v in report.validation] == [report.chosen_blocks]  # the chosen set alone
+    assert report.options["search"]["validate"] == 1
+    expected = work["estimate_fpe"] * 1 + work["validation"]["fpe"] * 4 + work["refine"]["fpe"]
+    assert work["total_fpe"] == pytest.approx(expected + work["selection"]["fpe"], abs=0.01)
+
+
 def test_the_default_race_is_skipped_where_no_fresh_window_can_be_cut(tiny_model, tiny_windows):
     model = tiny_model("llama", n_layers=5)
     splits = TokenSplits(*(tiny_windows(model, n=4, seq_len=16, seed=s) for s in (1, 2, 3)), {"source": "random"})
