@@ -15,7 +15,8 @@ tokens). Each part is counted by the rules of the code it models, with the code'
   for the default's sets (validation and the race) and one for EvoPress's, and the calibration table prints every
   measured point beside its prediction;
 * refine spends its budget, ``cbo.search.budget.scaled_budget(n, k)``; the race is costed at its upper bound (every
-  finalist on all 96 windows); EvoPress runs ``cbo.baselines.evopress.default_generations`` generations of the
+  finalist on all 96 windows); validation measures ``validate`` sets, and in a large space the chosen set alone
+  (the race comes first there); EvoPress runs ``cbo.baselines.evopress.default_generations`` generations of the
   code's stages on the calibration windows (the fast setting: 16 offspring; the published one: 32; with
   2,048-token windows the stages of 1 and 16 windows are the published 2,048 and 32,768 tokens).
 
@@ -166,15 +167,25 @@ def implied_rho(a: Arch, n: int, k: int, per_set: float) -> float:
 
 
 def default_fpe(
-    a: Arch, sublayer: bool, k: int, rho: float, d: dict, refine: float, race=None, estimate_windows=None
+    a: Arch,
+    sublayer: bool,
+    k: int,
+    rho: float,
+    d: dict,
+    refine: float,
+    race=None,
+    estimate_windows=None,
+    validated=None,
 ) -> dict[str, float]:
     """The default route's FPE by part; ``race``: ``[[windows, sets measured], ...]`` (default: every finalist on
     every window of the schedule, the upper bound); ``estimate_windows``: the windows the estimate runs on (default:
-    the calibration split; in a large space the default runs it on refine's low-fidelity windows)."""
+    the calibration split; in a large space the default runs it on refine's low-fidelity windows); ``validated``:
+    the sets measured on the validation windows (default ``validate``; in a large space the race comes first and
+    only its choice is validated)."""
     setup, c = setup_fpe(a, sublayer), set_fpe(a, a.blocks(sublayer), k, rho)
     return {
         "estimate": (estimate_windows or d["calibration"]) * (setup + singles_fpe(a, sublayer)),
-        "validation": d["validation"] * (setup + d["validate"] * c),
+        "validation": d["validation"] * (setup + (validated or d["validate"]) * c),
         "refine": float(refine),
         "race": sum(w * (setup + m * c) for w, m in (d["race"] if race is None else race)),
     }
@@ -316,8 +327,11 @@ def table(rho: dict, d: dict, window: int, mfu: float) -> list[dict[str, Any]]:
             mem = memory(a, window, d)
             for fraction in FRACTIONS:
                 k = round(fraction * n)
-                prior = d["low_windows"] if large_space(n, k) else None  # cbo.pipeline.depth: a cheap prior
-                parts = default_fpe(a, sub, k, rho["set"][granularity], d, scaled_budget(n, k), estimate_windows=prior)
+                large = large_space(n, k)  # cbo.pipeline.depth: a cheap prior, the race before one validation
+                parts = default_fpe(
+                    a, sub, k, rho["set"][granularity], d, scaled_budget(n, k),
+                    estimate_windows=d["low_windows"] if large else None, validated=1 if large else None,
+                )  # fmt: skip
                 total = sum(parts.values())
                 evo = {
                     name: evopress_fpe(a, sub, k, rho["evopress"][granularity], d, count)
