@@ -139,6 +139,7 @@ def test_in_a_large_space_refines_best_sets_race_first_and_only_the_chosen_one_i
     assert raced == [(k, best[k]) for k in range(min(4, SelectionOptions().finalists))]
     assert [v.removed for v in report.validation] == [report.chosen_blocks]  # the chosen set alone
     assert report.options["search"]["validate"] == 1
+    assert "validation: original PPL" in report.table().caption  # the table renders with the one validated set
     expected = work["estimate_fpe"] * 1 + work["validation"]["fpe"] * 4 + work["refine"]["fpe"]
     assert work["total_fpe"] == pytest.approx(expected + work["selection"]["fpe"], abs=0.01)
 
