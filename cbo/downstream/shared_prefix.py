@@ -9,8 +9,10 @@ pass. A HellaSwag item (a long context, four endings) costs about half the token
 The results are the same log-likelihoods and greedy flags, up to float rounding (about 1e-5 on a sum of
 log-probabilities). The first shared context of a model is also scored the plain way and compared: a model that
 packed rows do not fit (a mismatch or an error) is scored by ``HFLM``'s own loop for the rest of the run, with a
-warning. Requests whose context is not shared (LAMBADA, WinoGrande's partial scoring, rolling perplexity) go to
-``HFLM``'s batched loop as they are.
+warning. Requests whose context is not shared (LAMBADA, WinoGrande's partial scoring, rolling perplexity, and every
+request longer than a sliding window) go to ``HFLM``'s batched loop, in batches whose logits stay under the same
+budget as a packed batch's (:func:`packed_batches`): ``HFLM`` holds a batch's logits and their log-softmax over the
+whole vocabulary, so eight 1,250-token BoolQ requests of a 262k-token model would need 21 GB.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ Answer = tuple[float, bool]
 
 #: how far a shared-context log-likelihood may be from the plain one in the first group's check
 ATOL, RTOL = 2e-3, 1e-4
+#: the most logits (batch rows x tokens x vocabulary) one forward pass may hold: 1 GiB of float32
+LOGITS_BUDGET = 1 << 28
 
 
 def shared_groups(requests: Sequence[Request], max_length: int) -> tuple[dict[tuple[int, ...], list[int]], list[int]]:
@@ -115,7 +119,7 @@ def score_shared_contexts(
     return out
 
 
-def packed_batches(sizes: Sequence[int], rows: int, vocab: int, budget: int = 1 << 28) -> list[list[int]]:
+def packed_batches(sizes: Sequence[int], rows: int, vocab: int, budget: int = LOGITS_BUDGET) -> list[list[int]]:
     """Indices of groups in batches of at most ``rows`` rows whose logits (rows x longest x vocab floats) stay
     under ``budget`` elements; ``sizes`` are the packed lengths, longest first."""
     batches: list[list[int]] = []
@@ -125,6 +129,23 @@ def packed_batches(sizes: Sequence[int], rows: int, vocab: int, budget: int = 1 
         else:
             batches.append([i])
     return batches
+
+
+def plain_batch_sizes(
+    requests: Sequence[Request], rows: int, vocab: int, max_length: int, budget: int = LOGITS_BUDGET
+) -> list[tuple[int, list[int]]]:
+    """``[(batch size, request indices)]`` for ``HFLM``'s loop: the requests longest first (``HFLM``'s own order),
+    cut into runs that share a batch size, each at most ``rows`` and small enough that a batch's logits (size x its
+    longest input x ``vocab``) stay under ``budget``; a request too long for any batch runs alone."""
+    order = sorted(range(len(requests)), key=lambda i: (-len(requests[i][1]) - len(requests[i][2]), i))
+    sizes = [min(len(requests[i][1]) + len(requests[i][2]), max_length + 1) - 1 for i in order]
+    runs: list[tuple[int, list[int]]] = []
+    for batch in packed_batches(sizes, rows, vocab, budget):
+        if runs and runs[-1][0] == len(batch):
+            runs[-1][1].extend(order[k] for k in batch)
+        else:
+            runs.append((len(batch), [order[k] for k in batch]))
+    return runs
 
 
 def _agree(a: Sequence[Answer], b: Sequence[Answer]) -> bool:
@@ -153,9 +174,7 @@ class SharedPrefixLM(HFLM):
 
         def plain(indices: list[int]) -> None:
             if indices:
-                scored = super(SharedPrefixLM, self)._loglikelihood_tokens(
-                    [requests[i] for i in indices], disable_tqdm, override_bs
-                )
+                scored = self._bounded([requests[i] for i in indices], disable_tqdm, override_bs)
                 for i, answer in zip(indices, scored, strict=True):
                     results[i] = answer
 
@@ -170,7 +189,8 @@ class SharedPrefixLM(HFLM):
             total=sum(len(m) for _, m in groups),
             desc="Running loglikelihood requests (shared contexts)",
         )
-        for batch in packed_batches(sizes, max(1, rows), int(self.model.config.get_text_config().vocab_size)):
+        vocab = int(self.model.config.get_text_config().vocab_size)
+        for batch in packed_batches(sizes, max(1, rows), vocab, LOGITS_BUDGET):
             chunk = [groups[g] for g in batch]
             answers = self._score_batch([(ctx, [requests[i] for i in members]) for ctx, members in chunk])
             if answers is None:  # the check failed: everything left goes the plain way
@@ -186,6 +206,24 @@ class SharedPrefixLM(HFLM):
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:
             raise RuntimeError(f"{len(missing)} log-likelihood requests were not scored")
+        return results  # type: ignore[return-value]
+
+    def _bounded(self, requests: list[Request], disable_tqdm: bool, override_bs: int | None) -> list[Answer]:
+        """``HFLM``'s own loop over ``requests``, in batches of at most ``batch_size`` whose logits stay under
+        :data:`LOGITS_BUDGET` (:func:`plain_batch_sizes`); the answers in the requests' order."""
+        rows = self.batch_size_per_gpu
+        if not isinstance(rows, int):  # "auto": lm-eval sizes its batches itself
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        vocab = int(self.model.config.get_text_config().vocab_size)
+        results: list[Answer | None] = [None] * len(requests)
+        try:
+            for size, indices in plain_batch_sizes(requests, rows, vocab, self.max_length, LOGITS_BUDGET):
+                self.batch_size_per_gpu = size
+                scored = super()._loglikelihood_tokens([requests[i] for i in indices], disable_tqdm=disable_tqdm)
+                for i, answer in zip(indices, scored, strict=True):
+                    results[i] = answer
+        finally:
+            self.batch_size_per_gpu = rows
         return results  # type: ignore[return-value]
 
     def _score_batch(self, chunk: list[tuple[tuple[int, ...], list[Request]]]) -> list[list[Answer]] | None:
@@ -209,7 +247,7 @@ class SharedPrefixLM(HFLM):
             )
             return None
         if self.shared_ok is None:  # the first group, scored the plain way too
-            whole = super()._loglikelihood_tokens(chunk[0][1], disable_tqdm=True)
+            whole = self._bounded(chunk[0][1], True, None)
             self.shared_ok = _agree(answers[0], whole)
             if not self.shared_ok:
                 log.warning(
@@ -219,4 +257,13 @@ class SharedPrefixLM(HFLM):
         return answers
 
 
-__all__ = ["SharedPrefixLM", "packed_batches", "packed_mask", "packed_row", "score_shared_contexts", "shared_groups"]
+__all__ = [
+    "LOGITS_BUDGET",
+    "SharedPrefixLM",
+    "packed_batches",
+    "packed_mask",
+    "packed_row",
+    "plain_batch_sizes",
+    "score_shared_contexts",
+    "shared_groups",
+]

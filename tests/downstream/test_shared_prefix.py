@@ -1,7 +1,8 @@
 """The shared-context scorer: a packed row and its mask written out by hand; each continuation's log-likelihood
 and greedy flag equal a plain forward pass over ``context + continuation`` on several architectures and pruned
 models; whole request lists come back in order and equal lm-eval's own ``HFLM``; a model the packed rows do not
-fit (a short sliding window, a wrong answer) falls back to ``HFLM`` for the rest of the run, with a warning."""
+fit (a short sliding window, a wrong answer) falls back to ``HFLM`` for the rest of the run, with a warning; the
+requests left to ``HFLM`` run in batches whose logits stay under the budget."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from cbo.downstream.shared_prefix import (  # noqa: E402
     packed_batches,
     packed_mask,
     packed_row,
+    plain_batch_sizes,
     score_shared_contexts,
     shared_groups,
 )
@@ -161,3 +163,45 @@ def test_a_model_that_fails_the_check_is_scored_whole(tiny_model, monkeypatch, c
     want = _whole(model, tokenizer, requests)  # the same loop, other batches: equal up to float rounding
     assert [g[1] for g in got] == [w[1] for w in want]
     assert [g[0] for g in got] == pytest.approx([w[0] for w in want], abs=1e-5)
+
+
+def test_plain_batches_keep_their_logits_under_the_budget():
+    """Requests of 3, 10, 2, 6, 7 and 2 tokens (inputs one shorter), vocabulary 10, budget 100 logits, 4 rows at
+    most, longest first: [9] alone, [6] alone (two rows of 6 tokens: 120), [5, 2] (2 x 5 x 10 = 100), [1, 1]; runs
+    of one batch size go to HFLM together. Cut at max_length 4, the four longest share a batch."""
+    lengths = {0: 3, 1: 10, 2: 2, 3: 6, 4: 7, 5: 2}
+    requests = [(None, [1] * (n - 1), [2]) for _, n in sorted(lengths.items())]
+    runs = plain_batch_sizes(requests, rows=4, vocab=10, max_length=100, budget=100)
+    assert runs == [(1, [1, 4]), (2, [3, 0, 2, 5])]
+    assert plain_batch_sizes(requests, rows=4, vocab=10, max_length=4, budget=10**6) == [(4, [1, 4, 3, 0]), (2, [2, 5])]
+
+
+def test_requests_left_to_hflm_run_in_batches_under_the_budget(tiny_model, monkeypatch):
+    """With a budget of 20 tokens' logits a batch of HFLM's loop holds rows x tokens <= 20 (a longer request runs
+    alone), and the scores equal the unbounded loop's."""
+    from lm_eval.models.huggingface import HFLM
+
+    tokenizer = byte_level_tokenizer()
+    model = tiny_model("gemma3", n_layers=2, vocab_size=len(tokenizer))  # sliding window 8: long requests alone
+    requests = _requests(len(tokenizer))
+    want = _whole(model, tokenizer, requests)
+    shapes = []
+    real = HFLM._model_call
+
+    def record(self, inps, *args, **kwargs):
+        shapes.append(tuple(inps.shape))
+        return real(self, inps, *args, **kwargs)
+
+    monkeypatch.setattr(HFLM, "_model_call", record)
+    lm = harness_model(model, tokenizer, batch_size=4)
+    lm._loglikelihood_tokens(requests, disable_tqdm=True)
+    assert max(rows for rows, _ in shapes) == 4  # the default budget lets tiny batches be whole
+    shapes.clear()
+    monkeypatch.setattr(shared_prefix, "LOGITS_BUDGET", 20 * len(tokenizer))  # 20 tokens' logits
+    lm = harness_model(model, tokenizer, batch_size=4)
+    got = lm._loglikelihood_tokens(requests, disable_tqdm=True)
+    assert shapes and all(rows == 1 or rows * length <= 20 for rows, length in shapes)
+    assert any(rows > 1 for rows, _ in shapes)  # short requests still share a batch
+    assert lm.batch_size_per_gpu == 4  # restored
+    assert [g[1] for g in got] == [w[1] for w in want]
+    assert [g[0] for g in got] == pytest.approx([w[0] for w in want], abs=1e-4)
