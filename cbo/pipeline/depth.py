@@ -24,7 +24,7 @@ import numpy as np
 
 from cbo.checks import check_int
 from cbo.errors import CBOError, InfeasibleError, InvalidOptionError
-from cbo.pipeline.final_selection import check_select, no_fresh_windows, race_sets, select_final, selection_work
+from cbo.pipeline.final_selection import check_select, finalists_of, no_fresh_windows, race_sets, selection_work
 from cbo.pipeline.inputs import cache_dirs, check_run_options, model_and_tokenizer, token_splits
 from cbo.pipeline.options import AUTO, Data, Estimate, Run, Search, option_groups, options_json
 from cbo.pipeline.reports import DepthReport, ValidatedState
@@ -277,17 +277,20 @@ def prune_depth(
         candidates = [(None, sorted(int(i) for i in chosen), None)]
         validate = max(validate, 1)
 
-    selection = None
-    if method == "cbo" and cheap_prior and select is not None:  # a large space: refine's best race first
+    def final_race(finalists: list[tuple[int | None, list[int]]]) -> Any:  # (rank, removed) of each, charged
         t = time.perf_counter()
-        finalists = candidates[: min(validate, select_options.finalists)]
-        selection = race_sets(
-            model, tokenizer, data.text, splits, blocks, [c[1] for c in finalists], [c[0] for c in finalists], select,
+        raced = race_sets(
+            model, tokenizer, data.text, splits, blocks, [f[1] for f in finalists], [f[0] for f in finalists], select,
             select_options, seed=run.seed, batch_size=run.batch_size, cache_dir=measure_cache, progress=run.progress,
         )  # fmt: skip
-        work["selection"], timings["selection"] = selection_work(selection), time.perf_counter() - t
+        work["selection"], timings["selection"] = selection_work(raced), time.perf_counter() - t
+        states.info["selection"] = raced.to_json()
+        return raced
+
+    selection = None
+    if method == "cbo" and cheap_prior and select is not None:  # a large space: refine's best race first
+        selection = final_race([(c[0], c[1]) for c in candidates[: min(validate, select_options.finalists)]])
         work["selection"]["finalists_from"] = "refine"  # by calibration KL; the validation measures the chosen set
-        states.info["selection"] = selection.to_json()
         candidates, validate = [c for c in candidates if tuple(sorted(c[1])) == selection.chosen], 1
 
     t = time.perf_counter()
@@ -301,13 +304,7 @@ def prune_depth(
         work["validation"] = validation.work.to_json()
     timings["validate"] = time.perf_counter() - t
     if select is not None and validated and selection is None:
-        t = time.perf_counter()
-        selection = select_final(
-            model, tokenizer, data.text, splits, blocks, validated, select, select_options, seed=run.seed,
-            batch_size=run.batch_size, cache_dir=measure_cache, progress=run.progress,
-        )  # fmt: skip
-        work["selection"], timings["selection"] = selection_work(selection), time.perf_counter() - t
-        states.info["selection"] = selection.to_json()
+        selection = final_race([(v.rank, v.removed) for v in finalists_of(validated, select_options)])
     work["total_fpe"] = total_fpe(work, splits.calibration.shape[0], splits.validation.shape[0])
     if validated:
         best = min(validated, key=lambda v: (v.kl if math.isfinite(v.kl) else math.inf, v.rank or 0))

@@ -3,7 +3,7 @@
 The validated states (the default's, or refine's measured sets) enter the race of :mod:`cbo.search.selection`
 as finalists, the best ``options.finalists`` of them by the criterion on the validation windows. In a large space
 (:func:`cbo.search.budget.large_space`, with the default refine) the finalists are refine's best sets by
-calibration KL instead, raced before any validation (:func:`race_sets`): the validation windows then measure the
+calibration KL instead, raced before any validation: the validation windows then measure the
 chosen set alone, for the report. Fresh windows
 are the unused windows of the validation documents (:func:`cbo.data.pool.fresh_windows`); the race's cost is
 charged to the method (``report.work["selection"]``), and every finalist's interval is reported in
@@ -71,33 +71,6 @@ def finalists_of(validated: Sequence[Any], options: SelectionOptions) -> list[An
     return sorted(validated, key=key)[: options.finalists]
 
 
-def select_final(
-    model: Any,
-    tokenizer: Any,
-    text: Any,
-    splits: Any,
-    blocks: Sequence[Any],
-    validated: Sequence[Any],
-    budget: int,
-    options: SelectionOptions,
-    *,
-    seed: int = 0,
-    batch_size: int = 8,
-    cache_dir: Path | None = None,
-    progress: bool = False,
-) -> Selection:
-    """Race the validated states on fresh windows of the validation (and, by option, calibration) documents.
-
-    Raises:
-        DataError: no tokenizer, or splits whose text is unknown (precomputed windows): no fresh windows can be cut.
-    """
-    finalists = finalists_of(validated, options)
-    return race_sets(
-        model, tokenizer, text, splits, blocks, [v.removed for v in finalists], [v.rank for v in finalists], budget,
-        options, seed=seed, batch_size=batch_size, cache_dir=cache_dir, progress=progress,
-    )  # fmt: skip
-
-
 def race_sets(
     model: Any,
     tokenizer: Any,
@@ -114,8 +87,13 @@ def race_sets(
     cache_dir: Path | None = None,
     progress: bool = False,
 ) -> Selection:
-    """Race removal ``sets`` (the first is the incumbent) on fresh windows, as :func:`select_final` does with the
-    validated states; ``prune_depth`` calls it directly with refine's best sets in a large space."""
+    """Race removal ``sets`` (the first is the incumbent; ``ranks``: their energy ranks) on fresh windows of the
+    validation (and, by option, calibration) documents: the validated states' :func:`finalists_of`, or refine's best
+    sets in a large space.
+
+    Raises:
+        DataError: no tokenizer, or splits whose text is unknown (precomputed windows): no fresh windows can be cut.
+    """
     from cbo.data.pool import fresh_windows
     from cbo.measure.cache import MeasureCache
     from cbo.search.selection import PoolSource, race
@@ -196,7 +174,6 @@ __all__ = [
     "finalists_of",
     "no_fresh_windows",
     "race_sets",
-    "select_final",
     "selection_table",
     "selection_work",
 ]
