@@ -158,6 +158,11 @@ class SharedPrefixLM(HFLM):
     shared_ok: bool | None = None  # None: not yet checked on this model; False: the plain loop for good
 
     @property
+    def logits_width(self) -> int:
+        """The model's vocabulary as its logits have it (the configuration's, not the tokenizer's)."""
+        return int(self.model.config.get_text_config().vocab_size)
+
+    @property
     def shared_length(self) -> int:
         """The longest request scored in a packed row: the model's length, or its sliding attention window when it
         has one (a packed row's own mask replaces the model's, so no request may reach past the window)."""
@@ -189,8 +194,7 @@ class SharedPrefixLM(HFLM):
             total=sum(len(m) for _, m in groups),
             desc="Running loglikelihood requests (shared contexts)",
         )
-        vocab = int(self.model.config.get_text_config().vocab_size)
-        for batch in packed_batches(sizes, max(1, rows), vocab, LOGITS_BUDGET):
+        for batch in packed_batches(sizes, max(1, rows), self.logits_width, LOGITS_BUDGET):
             chunk = [groups[g] for g in batch]
             answers = self._score_batch([(ctx, [requests[i] for i in members]) for ctx, members in chunk])
             if answers is None:  # the check failed: everything left goes the plain way
@@ -214,10 +218,9 @@ class SharedPrefixLM(HFLM):
         rows = self.batch_size_per_gpu
         if not isinstance(rows, int):  # "auto": lm-eval sizes its batches itself
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
-        vocab = int(self.model.config.get_text_config().vocab_size)
         results: list[Answer | None] = [None] * len(requests)
         try:
-            for size, indices in plain_batch_sizes(requests, rows, vocab, self.max_length, LOGITS_BUDGET):
+            for size, indices in plain_batch_sizes(requests, rows, self.logits_width, self.max_length, LOGITS_BUDGET):
                 self.batch_size_per_gpu = size
                 scored = super()._loglikelihood_tokens([requests[i] for i in indices], disable_tqdm=disable_tqdm)
                 for i, answer in zip(indices, scored, strict=True):

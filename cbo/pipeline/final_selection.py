@@ -3,11 +3,11 @@
 The validated states (the default's, or refine's measured sets) enter the race of :mod:`cbo.search.selection`
 as finalists, the best ``options.finalists`` of them by the criterion on the validation windows. In a large space
 (:func:`cbo.search.budget.large_space`, with the default refine) the finalists are refine's best sets by
-calibration KL instead, raced before any validation: the validation windows then measure the
-chosen set alone, for the report. Fresh windows
-are the unused windows of the validation documents (:func:`cbo.data.pool.fresh_windows`); the race's cost is
-charged to the method (``report.work["selection"]``), and every finalist's interval is reported in
-``report.selection``, ``report.states.info["selection"]`` and the CLI's selection table.
+calibration KL instead, raced before any validation: the validation windows then measure the chosen set alone,
+for the report. Fresh windows are the unused windows of the validation documents
+(:func:`cbo.data.pool.fresh_windows`); the race's cost is charged to the method (``report.work["selection"]``), and
+every finalist's interval is reported in ``report.selection``, ``report.states.info["selection"]`` and the CLI's
+selection table.
 
 Example:
     >>> report = prune_depth("smollm2-135m", remove=8, select=480)     # doctest: +SKIP
