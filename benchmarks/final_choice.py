@@ -239,7 +239,10 @@ def run(r: C.Run) -> dict[str, Any]:
     for s in map(int, C.split_list(args.seeds)):
         splits = splits_for(args, tokenizer, model, s)
         rows += [point(args, model, tokenizer, splits, int(m), s) for m in C.split_list(args.remove)]
-    return r.header(rows=rows, select=args.select, criterion=args.criterion, refine=args.refine, seq_len=args.seq_len)
+    return r.header(
+        model=args.model, rows=rows, select=args.select, criterion=args.criterion, refine=args.refine,
+        seq_len=args.seq_len,
+    )  # fmt: skip
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -3,10 +3,11 @@ zero-shot suite (lm-eval, the papers' splits), with the paired difference defaul
 
 For every point file of ``benchmarks.final_choice`` (its sets: the default route ``refined``, EvoPress, SLEB,
 one-at-a-time, BlockPruner where it ran) plus block influence (ShortGPT, ranked on the point's own calibration
-windows) and the unpruned model, the set is removed from the default model and scored task by task. Every score
-is cached per set and task under ``--cache`` (a stopped run loses only the task it was in, and a later run with
-the same ``--limit`` and ``--seed`` resumes). ``--limit N`` scores a seeded subset of N items per task (the same
-items for every method) and the report says so; without it every item is scored.
+windows) and the unpruned model, the set is removed from the point's model (the one its file names: the default
+model, or Gemma 3 270M at ``gemma-m4-s0``) and scored task by task. Every score is cached per model, set and task
+under ``--cache`` (a stopped run loses only the task it was in, and a later run with the same ``--limit`` and
+``--seed`` resumes). ``--limit N`` scores a seeded subset of N items per task (the same items for every method)
+and the report says so; without it every item is scored.
 
     .venv/bin/python -m benchmarks.suite_grid --limit 200 --points m15-s0 --threads 2
     .venv/bin/python -m benchmarks.suite_grid --report                  # the tables of the last run again
@@ -30,7 +31,9 @@ POINTS = {
     "sub8-s1": "sub8-s1-stage.json",
     "sub8-s2": "sub8-s2-stage.json",
     "sub12-s0": "sub12-s0-stage.json",
+    "gemma-m4-s0": "gemma-m4-s0.json",  # Gemma 3 270M, 4 of its 18 layers
 }
+DEFAULT_MODEL = "smollm2-135m"  # the model of a point file that names none (those written before it did)
 METHODS = ("refined", "evopress", "sleb", "block_influence", "one-at-a-time", "blockpruner", "unpruned")
 LABEL = {"refined": "default (refine + race)", "unpruned": "unpruned"}
 
@@ -60,8 +63,10 @@ def parse(argv: list[str] | None) -> Any:
 
 
 def point_row(path: Path) -> dict[str, Any]:
-    """The (single) row of a ``benchmarks.final_choice`` result file: its point, granularity and sets."""
-    return json.loads(Path(path).read_text())["rows"][0]
+    """The (single) row of a ``benchmarks.final_choice`` result file: its point, granularity and sets, and the
+    model it pruned (``"model"``)."""
+    result = json.loads(Path(path).read_text())
+    return {**result["rows"][0], "model": result.get("model", DEFAULT_MODEL)}
 
 
 def point_sets(row: dict[str, Any], model: Any, tokenizer: Any, methods: list[str]) -> dict[str, list[int]]:
@@ -82,9 +87,10 @@ def point_sets(row: dict[str, Any], model: Any, tokenizer: Any, methods: list[st
     return sets
 
 
-def _key(granularity: str, blocks: list[int], limit: int | None, seed: int) -> str:
+def _key(model: str, granularity: str, blocks: list[int], limit: int | None, seed: int) -> str:
     subset = "all" if limit is None else f"limit{limit}-seed{seed}"
-    return f"{granularity}-{'-'.join(map(str, blocks)) or 'none'}-{subset}"
+    prefix = "" if model == DEFAULT_MODEL else f"{Path(model).name}-"  # the default model's keys predate the prefix
+    return f"{prefix}{granularity}-{'-'.join(map(str, blocks)) or 'none'}-{subset}"
 
 
 def read_scores(path: Path) -> dict:
@@ -102,15 +108,15 @@ def add_scores(path: Path, done: dict, results: dict, items: dict) -> None:
     atomic_write_text(path, json.dumps(done) + "\n")
 
 
-def score_set(job: C.Run, granularity: str, blocks: list[int], model: Any, tokenizer: Any) -> dict:
-    """The suite's results and per-item scores of one removal set, from the cache or measured (task by task,
-    each saved when it finishes)."""
+def score_set(job: C.Run, name: str, granularity: str, blocks: list[int], model: Any, tokenizer: Any) -> dict:
+    """The suite's results and per-item scores of one removal set of the model ``name``, from the cache or
+    measured (task by task, each saved when it finishes)."""
     from cbo.downstream.harness import evaluate_tasks, parse_tasks, run_units
     from cbo.model.blocks import find_blocks
     from cbo.pipeline.depth import prune_blocks
 
     args = job.args
-    path = Path(args.cache or job.out / "scores") / f"{_key(granularity, blocks, args.limit, args.seed)}.json"
+    path = Path(args.cache or job.out / "scores") / f"{_key(name, granularity, blocks, args.limit, args.seed)}.json"
     done = read_scores(path)
     todo = [u for u in run_units(parse_tasks(args.tasks)) if u not in done["results"]]
     if not todo:
@@ -195,14 +201,17 @@ def run(job: C.Run) -> dict:
     from cbo.downstream.harness import parse_tasks, run_units
     from cbo.model.loading import load_model
 
-    model, tokenizer = load_model("smollm2-135m", quiet=True)
+    loaded: dict[str, tuple[Any, Any]] = {}
     methods = C.split_list(args.methods)
     units = run_units(parse_tasks(args.tasks))
     settings = {"limit": args.limit, "seed": args.seed, "tasks": args.tasks, "units": ",".join(units)}
     points, layers, groups = {}, {}, {}
     for name in C.split_list(args.points):
         row = point_row(RESULTS / "final_choice" / POINTS[name])
-        granularity = row["granularity"]
+        granularity, model_name = row["granularity"], row["model"]
+        if model_name not in loaded:
+            loaded[model_name] = load_model(model_name, quiet=True)
+        model, tokenizer = loaded[model_name]
         sets = point_sets(row, model, tokenizer, methods)
         for extra in C.split_list(args.extra):
             label, _, path = extra.partition("=")
@@ -211,13 +220,14 @@ def run(job: C.Run) -> dict:
         for method, blocks in sets.items():
             if not args.no_progress:
                 print(f"{name} {method}: removing {blocks}", flush=True)
-            scores = score_set(job, granularity, blocks, model, tokenizer)
+            scores = score_set(job, model_name, granularity, blocks, model, tokenizer)
             if scores["results"]:
                 scored[method] = scores
-        points[name] = {"sets": sets, "table": compare(scored, units)}
-        if granularity == "layer":
+        points[name] = {"model": model_name, "sets": sets, "table": compare(scored, units)}
+        if granularity == "layer" and model_name == DEFAULT_MODEL:  # the lead's growth: one model's points
             layers[name] = (int(row["remove"]), scored)
-        groups.setdefault(f"{granularity} M = {row['remove']}", []).append((int(row["seed"]), scored))
+        of = "" if model_name == DEFAULT_MODEL else f"{model_name}, "
+        groups.setdefault(f"{of}{granularity} M = {row['remove']}", []).append((int(row["seed"]), scored))
         job.save(job.header(points=points, **settings))  # what an interrupted run keeps
     growth, pooled = lead_growth(layers, units), pooled_seeds(groups, units)
     return job.header(points=points, growth=growth, pooled=pooled, **settings)
@@ -232,7 +242,8 @@ def markdown(result: dict) -> str:
     )
     lines = [f"# The grid on {result['tasks']} ({subset})", "", f"`{result['command']}`", ""]
     for name, point in result["points"].items():
-        lines += [f"## {name}", ""]
+        model = point.get("model", DEFAULT_MODEL)
+        lines += [f"## {name}" + ("" if model == DEFAULT_MODEL else f" ({model})"), ""]
         ppl = ["LAMBADA PPL"] if "lambada_openai" in names else []
         header = ["method", *names, "average", *ppl, "default − method (avg, 95 % CI)"]
         rows = []

@@ -54,7 +54,7 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument(
         "--scores", default=None, help="also save each item's scores here, in benchmarks.suite_grid's cache format "
-        "(its unpruned set, smollm2-135m only; then the grid reuses them)",
+        "(each model's unpruned set; then the grid reuses them)",
     )  # fmt: skip
     return p.parse_args(argv)
 
@@ -63,13 +63,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def save_items(args: Any, results: dict, items: dict) -> None:
-    """Add one task's results and per-item scores to the grid's cache file of the unpruned default model."""
+def save_items(args: Any, model: str, results: dict, items: dict) -> None:
+    """Add one task's results and per-item scores to the grid's cache file of the unpruned ``model``."""
     from pathlib import Path
 
     from benchmarks.suite_grid import _key, add_scores, read_scores
 
-    path = Path(args.scores) / f"{_key('layer', [], args.limit, args.seed)}.json"
+    path = Path(args.scores) / f"{_key(model, 'layer', [], args.limit, args.seed)}.json"
     add_scores(path, read_scores(path), results, items)
 
 
@@ -94,8 +94,8 @@ def run(job: C.Run) -> dict:
                 progress=not args.no_progress, item_scores=items,
             )  # fmt: skip
             wall = time.perf_counter() - start
-            if args.scores and name == "smollm2-135m":
-                save_items(args, results, items)
+            if args.scores:
+                save_items(args, name, results, items)
             n = int(sum(r.get("n", 0) for r in results.values()))
             full = sum(plan.totals.get(t, 0) for t in plan.members.get(unit, (unit,)))
             rows["tasks"][unit] = {

@@ -151,14 +151,19 @@ def test_scorer_table_totals_the_tasks_and_counts_items_scored_differently():
 
 
 def test_reference_saves_item_scores_where_the_grid_reads_its_unpruned_set(tmp_path):
+    """Each model's unpruned set has its own cache entry; the default model's keys have no prefix, so the caches
+    written before other models entered the grid stay valid."""
+    import json
     from argparse import Namespace
 
     R, G = bench_module("suite_reference"), bench_module("suite_grid")
     args = Namespace(scores=str(tmp_path), limit=None, seed=0)
-    R.save_items(args, {"arc_easy": {"acc": 0.5}}, {"arc_easy": {0: {"acc": 1.0}, 1: {"acc": 0.0}}})
-    R.save_items(args, {"piqa": {"acc": 1.0}}, {"piqa": {0: {"acc": 1.0}}})
-    saved = (tmp_path / f"{G._key('layer', [], None, 0)}.json").read_text()
-    import json
+    R.save_items(args, "smollm2-135m", {"arc_easy": {"acc": 0.5}}, {"arc_easy": {0: {"acc": 1.0}, 1: {"acc": 0.0}}})
+    R.save_items(args, "smollm2-135m", {"piqa": {"acc": 1.0}}, {"piqa": {0: {"acc": 1.0}}})
+    R.save_items(args, "gemma3-270m", {"piqa": {"acc": 0.0}}, {"piqa": {0: {"acc": 0.0}}})
+    assert json.loads((tmp_path / "gemma3-270m-layer-none-all.json").read_text())["results"] == {"piqa": {"acc": 0.0}}
+    assert G._key("smollm2-135m", "layer", [], None, 0) == "layer-none-all"
+    saved = (tmp_path / f"{G._key('smollm2-135m', 'layer', [], None, 0)}.json").read_text()
 
     assert json.loads(saved) == {
         "results": {"arc_easy": {"acc": 0.5}, "piqa": {"acc": 1.0}},
@@ -179,8 +184,10 @@ def test_cached_only_tabulates_complete_sets_and_scores_nothing(tmp_path):
     (tmp_path / "layer-1-2-all.json").write_text(json.dumps(full))
     part = {"results": {"arc_easy": {"acc": 0.5}}, "items": {"arc_easy": {}}}
     (tmp_path / "layer-3-4-all.json").write_text(json.dumps(part))
-    assert G.score_set(job, "layer", [1, 2], None, None) == full
-    assert G.score_set(job, "layer", [3, 4], None, None) == {"results": {}, "items": {}}
+    assert G.score_set(job, "smollm2-135m", "layer", [1, 2], None, None) == full
+    assert G.score_set(job, "smollm2-135m", "layer", [3, 4], None, None) == {"results": {}, "items": {}}
+    # the same set of another model is another entry: Gemma's blocks 1 and 2 are not SmolLM2's
+    assert G.score_set(job, "gemma3-270m", "layer", [1, 2], None, None) == {"results": {}, "items": {}}
 
 
 def test_reference_states_each_tasks_full_size_when_the_task_folder_is_stale(tmp_path, monkeypatch):
@@ -203,3 +210,16 @@ def test_reference_states_each_tasks_full_size_when_the_task_folder_is_stale(tmp
     R.main(["--tasks", "arc_easy", "--limit", "3", "--no-progress", "--out", str(tmp_path / "out")])
     row = json.loads((tmp_path / "out" / "suite_reference.json").read_text())["models"]["smollm2-135m"]["tasks"]
     assert row["arc_easy"]["items"] == 3 and row["arc_easy"]["items_full"] == 2376
+
+
+def test_a_point_names_the_model_it_pruned(tmp_path):
+    """The grid prunes each point's own model: the one its final_choice file names, the default model for a file
+    written before files named one."""
+    import json
+
+    G = bench_module("suite_grid")
+    row = {"remove": 4, "granularity": "layer", "seed": 0, "sets": {"refined": [1, 2, 3, 4]}}
+    (tmp_path / "old.json").write_text(json.dumps({"rows": [row]}))
+    (tmp_path / "gemma.json").write_text(json.dumps({"model": "gemma3-270m", "rows": [row]}))
+    assert G.point_row(tmp_path / "old.json")["model"] == "smollm2-135m"
+    assert G.point_row(tmp_path / "gemma.json") == {**row, "model": "gemma3-270m"}
