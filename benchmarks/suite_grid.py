@@ -196,6 +196,12 @@ def pooled_seeds(groups: dict[str, list[tuple[int, dict[str, dict]]]], units: li
     return out
 
 
+def pool_of(row: dict[str, Any]) -> str:
+    """The pool a point's seed joins (``pooled_seeds``): one model, granularity and count removed."""
+    of = "" if row["model"] == DEFAULT_MODEL else f"{row['model']}, "
+    return f"{of}{row['granularity']} M = {row['remove']}"
+
+
 def run(job: C.Run) -> dict:
     args = job.args
     from cbo.downstream.harness import parse_tasks, run_units
@@ -226,8 +232,7 @@ def run(job: C.Run) -> dict:
         points[name] = {"model": model_name, "sets": sets, "table": compare(scored, units)}
         if granularity == "layer" and model_name == DEFAULT_MODEL:  # the lead's growth: one model's points
             layers[name] = (int(row["remove"]), scored)
-        of = "" if model_name == DEFAULT_MODEL else f"{model_name}, "
-        groups.setdefault(f"{of}{granularity} M = {row['remove']}", []).append((int(row["seed"]), scored))
+        groups.setdefault(pool_of(row), []).append((int(row["seed"]), scored))
         job.save(job.header(points=points, **settings))  # what an interrupted run keeps
     growth, pooled = lead_growth(layers, units), pooled_seeds(groups, units)
     return job.header(points=points, growth=growth, pooled=pooled, **settings)

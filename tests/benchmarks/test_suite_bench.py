@@ -223,3 +223,6 @@ def test_a_point_names_the_model_it_pruned(tmp_path):
     (tmp_path / "gemma.json").write_text(json.dumps({"model": "gemma3-270m", "rows": [row]}))
     assert G.point_row(tmp_path / "old.json")["model"] == "smollm2-135m"
     assert G.point_row(tmp_path / "gemma.json") == {**row, "model": "gemma3-270m"}
+    # seeds pool within one model: Gemma's 4 layers never join SmolLM2's
+    assert G.pool_of(G.point_row(tmp_path / "old.json")) == "layer M = 4"
+    assert G.pool_of(G.point_row(tmp_path / "gemma.json")) == "gemma3-270m, layer M = 4"
