@@ -424,13 +424,16 @@ def test_final_choice_summary_checks_each_point(tmp_path, capsys):
     files = []
     for k, rows in enumerate(([good, costly, sub], [worse, old])):
         files.append(tmp_path / f"r{k}.json")
-        files[-1].write_text(json.dumps({"rows": rows, "select": 96}))
+        named = {"model": "smollm2-135m"} if k else {}  # files name their model now; the first ones did not
+        files[-1].write_text(json.dumps({"rows": rows, "select": 96, **named}))
+    files.append(tmp_path / "gemma.json")  # another model's point: labelled with it, after the default model's
+    files[-1].write_text(json.dumps({"model": "gemma3-270m", "rows": [{**good, "remove": 4}], "select": 96}))
     rows = S.rows_of([str(f) for f in files])
-    assert [(r["remove"], r["seed"]) for r in rows] == [(8, 0), (8, 1), (12, 0), (15, 0), (8, 0)]  # sublayer last
-    assert [S.checks(r)["≤ EvoPress at ≤ 50 % FPE"] for r in rows] == ["no", "–", "no", "yes", "yes"]
-    assert [S.checks(r)["beats sleb"] for r in rows] == ["yes", "–", "no", "yes", "–"]
+    assert [(r["remove"], r["seed"]) for r in rows] == [(8, 0), (8, 1), (12, 0), (15, 0), (8, 0), (4, 0)]
+    assert [S.checks(r)["≤ EvoPress at ≤ 50 % FPE"] for r in rows] == ["no", "–", "no", "yes", "yes", "yes"]
+    assert [S.checks(r)["beats sleb"] for r in rows] == ["yes", "–", "no", "yes", "–", "yes"]
     # BlockPruner is measured at the sublayer point only; its pydocs interval holds 1, so no win there
-    assert [S.checks(r)["beats blockpruner"] for r in rows] == ["–", "–", "–", "–", "no"]
+    assert [S.checks(r)["beats blockpruner"] for r in rows] == ["–", "–", "–", "–", "no", "–"]
     assert S.checks(rows[1])["beats one-at-a-time"] == "–" and S.ratio(rows[1], "austen", "validated") == [
         0.9,
         0.8,
@@ -440,3 +443,4 @@ def test_final_choice_summary_checks_each_point(tmp_path, capsys):
     assert text == (tmp_path / "summary.md").read_text() == capsys.readouterr().out
     assert "| M = 15, s0 | 96 | 1400 | 0.49 | 1.010 [0.970, 1.040] |" in text
     assert "| M = 8 sublayer, s0 | 96 | 1400 | 0.47 |" in text and "÷ blockpruner, pydocs" in text
+    assert "| gemma3-270m, M = 4, s0 | 96 | 1400 | 0.49 |" in text
