@@ -214,12 +214,20 @@ def evopress_fpe(a: Arch, sublayer: bool, k: int, rho: float, d: dict, offspring
 
 # ---------------------------------------------------------------------------------------------------- calibration
 def measured_points(results: Path) -> tuple[list[dict], list[dict]]:
-    """The committed final-choice rows (the default's routes) and the search grid's EvoPress runs (with settings)."""
-    routes = [json.loads(p.read_text())["rows"][0] for p in sorted((results / "final_choice").glob("*-select96.json"))]
+    """The committed final-choice rows (the default's routes) and the search grid's EvoPress runs (with settings), of
+    the default model only (another model's forward costs differently per window)."""
+
+    def ours(data: dict) -> bool:  # the model the cost model is calibrated on (files naming none are its)
+        return data.get("model", "smollm2-135m") == "smollm2-135m"
+
+    files = [json.loads(p.read_text()) for p in sorted((results / "final_choice").glob("*-select96.json"))]
+    routes = [data["rows"][0] for data in files if ours(data)]
     search = results / "search"
     runs = []
     for path in [search / "search.json", *sorted((search / "full").glob("*.point.json"))]:
         data = json.loads(path.read_text())
+        if not ours(data):
+            continue
         for name, point in (data["points"] if "points" in data else {data["spec"]["name"]: data}).items():
             if "evopress" not in point["runs"]:  # a point of other methods only (e.g. refine with another budget)
                 continue

@@ -238,7 +238,7 @@ def run(job: C.Run) -> dict:
             if method not in runs and point.result_path(method).exists():
                 runs[method] = json.loads(point.result_path(method).read_text())
         evals = evaluate_point(point, runs, args)
-        entry = {"spec": spec, "evaluations": evals, "ratios": compare(evals, int(args.bootstrap))}
+        entry = {"spec": spec, "model": args.model, "evaluations": evals, "ratios": compare(evals, int(args.bootstrap))}
         entry["original_test_ppl"] = math.exp(float(point.evaluate("test", [[]], loss="ce")[0].mean()))
         entry["runs"] = {m: {k: v for k, v in r.items() if k != "rounds"} for m, r in runs.items()}
         C.write_json(point.dir / "point.json", entry)
