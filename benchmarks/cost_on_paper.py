@@ -217,8 +217,8 @@ def measured_points(results: Path) -> tuple[list[dict], list[dict]]:
     """The committed final-choice rows (the default's routes) and the search grid's EvoPress runs (with settings), of
     the default model only (another model's forward costs differently per window)."""
 
-    def ours(data: dict) -> bool:  # the model the cost model is calibrated on (files naming none are its)
-        return data.get("model", "smollm2-135m") == "smollm2-135m"
+    def ours(data: dict) -> bool:  # the model the cost model is calibrated on: the default model
+        return not C.model_tag(C.model_of(data))
 
     files = [json.loads(p.read_text()) for p in sorted((results / "final_choice").glob("*-select96.json"))]
     routes = [data["rows"][0] for data in files if ours(data)]

@@ -34,8 +34,9 @@ def parse(argv: list[str] | None) -> Any:
 def scores_of(cache: Path, blocks: list[int], tasks: list[str]) -> dict:
     """One layer set's cached results and per-item scores of ``tasks`` (all of them, or a clear error naming the
     command)."""
-    from benchmarks.suite_grid import DEFAULT_MODEL, _key, read_scores
+    from benchmarks.suite_grid import _key, read_scores
     from cbo.downstream.standard_tasks import expand
+    from cbo.model.loading import DEFAULT_MODEL
 
     path = Path(cache) / f"{_key(DEFAULT_MODEL, 'layer', blocks, None, 0)}.json"
     done = read_scores(path)

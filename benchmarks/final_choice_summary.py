@@ -28,7 +28,6 @@ from benchmarks import harness as C
 ROUTE = "refined"  # refine + the race: the default route (its race budget is the file's "select")
 BEATS = ("sleb", "blockpruner", "one-at-a-time", "singles")  # the methods the route must beat on every domain
 AGAINST = ("evopress", *BEATS, "validated")
-DEFAULT_MODEL = "smollm2-135m"  # the model of a file that names none (those written before files named one)
 
 
 def interval(r: list[float]) -> str:
@@ -77,9 +76,10 @@ def rows_of(paths: list[str]) -> list[dict[str, Any]]:
         result = json.loads(Path(path).read_text())
         for row in map(renamed, result["rows"]):
             if ROUTE in row["sets"]:
-                rows.append({**row, "select": result.get("select"), "model": result.get("model")})
-    other = lambda r: r["model"] if r["model"] not in (None, DEFAULT_MODEL) else ""  # noqa: E731
-    rows.sort(key=lambda r: (other(r), r.get("granularity", "layer"), r["remove"], r["seed"], r["select"] or 0))
+                rows.append({**row, "select": result.get("select"), "model": C.model_of(result)})
+    rows.sort(
+        key=lambda r: (C.model_tag(r["model"]), r.get("granularity", "layer"), r["remove"], r["seed"], r["select"] or 0)
+    )
     return rows
 
 
@@ -90,7 +90,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     body, verdicts = [], []
     for r in rows:
         where = f"M = {r['remove']}" + (" sublayer" if r.get("granularity") == "sublayer" else "") + f", s{r['seed']}"
-        where = f"{r['model']}, {where}" if r["model"] not in (None, DEFAULT_MODEL) else where
+        where = f"{tag}, {where}" if (tag := C.model_tag(r["model"])) else where
         evo = r["fpe"].get("evopress")
         line = [where, str(r["select"]), f"{r['fpe'][ROUTE]:.0f}", f"{r['fpe'][ROUTE] / evo:.2f}" if evo else "–"]
         for b in AGAINST:

@@ -225,6 +225,20 @@ def machine_line(info: dict[str, Any] | None = None) -> str:
     return f"{info['cpu']}, {info['cores']} cores, load average {info['load_average_at_start'][0]:.2f} at start"
 
 
+def model_of(result: dict[str, Any]) -> str:
+    """The model a result names; the default model for results written before they named one."""
+    from cbo.model.loading import DEFAULT_MODEL
+
+    return result.get("model", DEFAULT_MODEL)
+
+
+def model_tag(model: str) -> str:
+    """What marks another model's rows, keys and pools: "" for the default model, else the model's name."""
+    from cbo.model.loading import DEFAULT_MODEL
+
+    return "" if model == DEFAULT_MODEL else model
+
+
 def add_model_args(p: argparse.ArgumentParser, *, seed: int = 0) -> None:
     """The model options of the depth benchmarks (``parser(..., model=True)`` adds them)."""
     p.add_argument("--model", default="smollm2-135m", help="model name or folder (default: the default model)")

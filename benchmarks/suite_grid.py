@@ -33,7 +33,6 @@ POINTS = {
     "sub12-s0": "sub12-s0-stage.json",
     "gemma-m4-s0": "gemma-m4-s0.json",  # Gemma 3 270M, 4 of its 18 layers
 }
-DEFAULT_MODEL = "smollm2-135m"  # the model of a point file that names none (those written before it did)
 METHODS = ("refined", "evopress", "sleb", "block_influence", "one-at-a-time", "blockpruner", "unpruned")
 LABEL = {"refined": "default (refine + race)", "unpruned": "unpruned"}
 
@@ -66,7 +65,7 @@ def point_row(path: Path) -> dict[str, Any]:
     """The (single) row of a ``benchmarks.final_choice`` result file: its point, granularity and sets, and the
     model it pruned (``"model"``)."""
     result = json.loads(Path(path).read_text())
-    return {**result["rows"][0], "model": result.get("model", DEFAULT_MODEL)}
+    return {**result["rows"][0], "model": C.model_of(result)}
 
 
 def point_sets(row: dict[str, Any], model: Any, tokenizer: Any, methods: list[str]) -> dict[str, list[int]]:
@@ -89,7 +88,8 @@ def point_sets(row: dict[str, Any], model: Any, tokenizer: Any, methods: list[st
 
 def _key(model: str, granularity: str, blocks: list[int], limit: int | None, seed: int) -> str:
     subset = "all" if limit is None else f"limit{limit}-seed{seed}"
-    prefix = "" if model == DEFAULT_MODEL else f"{Path(model).name}-"  # the default model's keys predate the prefix
+    tag = C.model_tag(model)  # none for the default model: its keys predate the tag
+    prefix = f"{Path(tag).name}-" if tag else ""
     return f"{prefix}{granularity}-{'-'.join(map(str, blocks)) or 'none'}-{subset}"
 
 
@@ -198,8 +198,8 @@ def pooled_seeds(groups: dict[str, list[tuple[int, dict[str, dict]]]], units: li
 
 def pool_of(row: dict[str, Any]) -> str:
     """The pool a point's seed joins (``pooled_seeds``): one model, granularity and count removed."""
-    of = "" if row["model"] == DEFAULT_MODEL else f"{row['model']}, "
-    return f"{of}{row['granularity']} M = {row['remove']}"
+    tag = C.model_tag(row["model"])
+    return f"{tag + ', ' if tag else ''}{row['granularity']} M = {row['remove']}"
 
 
 def run(job: C.Run) -> dict:
@@ -230,7 +230,7 @@ def run(job: C.Run) -> dict:
             if scores["results"]:
                 scored[method] = scores
         points[name] = {"model": model_name, "sets": sets, "table": compare(scored, units)}
-        if granularity == "layer" and model_name == DEFAULT_MODEL:  # the lead's growth: one model's points
+        if granularity == "layer" and not C.model_tag(model_name):  # the lead's growth: the default model's points
             layers[name] = (int(row["remove"]), scored)
         groups.setdefault(pool_of(row), []).append((int(row["seed"]), scored))
         job.save(job.header(points=points, **settings))  # what an interrupted run keeps
@@ -247,8 +247,8 @@ def markdown(result: dict) -> str:
     )
     lines = [f"# The grid on {result['tasks']} ({subset})", "", f"`{result['command']}`", ""]
     for name, point in result["points"].items():
-        model = point.get("model", DEFAULT_MODEL)
-        lines += [f"## {name}" + ("" if model == DEFAULT_MODEL else f" ({model})"), ""]
+        tag = C.model_tag(C.model_of(point))
+        lines += [f"## {name}" + (f" ({tag})" if tag else ""), ""]
         ppl = ["LAMBADA PPL"] if "lambada_openai" in names else []
         header = ["method", *names, "average", *ppl, "default − method (avg, 95 % CI)"]
         rows = []
